@@ -1,0 +1,1 @@
+"""Evaluation: accuracy on held-out problems, plots."""

@@ -1,0 +1,28 @@
+"""Greedy accuracy on a task's held-out problems."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from reasonrl.policy.hf import HFPolicy
+from reasonrl.rewards.basic import exact_answer
+from reasonrl.tasks.base import Problem
+
+
+def greedy_accuracy(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
+                    batch_size: int = 256) -> dict[str, float]:
+    """Fraction of problems whose greedy completion has the right final answer, overall
+    and per ``form`` when the task labels its problems with one."""
+    correct: list[bool] = []
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        texts = policy.sample([p.prompt for p in chunk], 1, max_new_tokens, temperature=0.0).texts
+        correct += [exact_answer(t, p) == 1.0 for t, p in zip(texts, chunk)]
+    result = {"accuracy": sum(correct) / max(len(correct), 1)}
+    by_form: dict[str, list[bool]] = defaultdict(list)
+    for ok, p in zip(correct, problems):
+        if "form" in p.meta:
+            by_form[p.meta["form"]].append(ok)
+    for form, oks in sorted(by_form.items()):
+        result[f"accuracy[{form}]"] = sum(oks) / len(oks)
+    return result

@@ -1,0 +1,1 @@
+"""Policy backends: anything that samples completions and scores tokens."""

@@ -1,0 +1,173 @@
+"""The one learner backend: any transformers causal LM.
+
+Sampling is our own batched loop over ``model(...)`` with the KV cache rather
+than ``model.generate``: it runs each distinct prompt once (one prefill per
+group, cache expanded to G), stops as soon as every sequence has ended, and
+returns the sampling log-probs that asynchronous/IS-corrected training needs.
+Log-prob passes compute LM-head logits only at completion positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers.utils import logging as hf_logging
+
+# Weight loading/saving bars would interleave with our own progress output.
+hf_logging.disable_progress_bar()
+
+
+@dataclass
+class Samples:
+    """``num_prompts * G`` completions, row ``i`` answering prompt ``i // G``."""
+
+    prompt_ids: Tensor  # [N, P] left-padded
+    prompt_mask: Tensor  # [N, P]
+    completion_ids: Tensor  # [N, T] right-padded; includes the EOS token when produced
+    completion_mask: Tensor  # [N, T]
+    sample_logprobs: Tensor  # [N, T] log-probs under the sampling distribution
+    truncated: Tensor  # [N] bool: hit max_new_tokens without EOS
+    texts: list[str]
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_logprobs_and_entropy(logits: Tensor, tokens: Tensor, temperature: float, with_entropy: bool):
+    """log p(token) and entropy of the temperature-scaled distribution, in float32."""
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy
+
+
+class HFPolicy:
+    """A transformers ``AutoModelForCausalLM`` plus its tokenizer."""
+
+    def __init__(self, model, tokenizer, device: str | torch.device = "cpu") -> None:
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+        self.model = model.to(device)
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+
+    # -- sampling ---------------------------------------------------------
+    def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        if any(not p for p in prompts):
+            raise ValueError("empty prompt in batch: every problem needs a non-empty prompt")
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompts: list[str],
+        num_generations: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Samples:
+        """Sample ``num_generations`` completions per prompt (temperature 0 = greedy)."""
+        model, eos, pad = self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        was_training = model.training
+        model.eval()
+        ids, mask = self.encode_prompts(prompts)
+        pos = position_ids_from_mask(mask)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        cache, logits = out.cache, out.logits[:, -1]
+        # One prefill per distinct prompt; the G samples share it through the expanded cache.
+        g = num_generations
+        cache.batch_repeat_interleave(g)
+        logits = logits.repeat_interleave(g, dim=0)
+        mask = mask.repeat_interleave(g, dim=0)
+        next_pos = pos[:, -1:].repeat_interleave(g, dim=0) + 1
+        n = mask.shape[0]
+        done = torch.zeros(n, dtype=torch.bool, device=self.device)
+        tokens, logps = [], []
+        for step in range(max_new_tokens):
+            logits_f = logits.float()
+            if temperature > 0:
+                logp_all = F.log_softmax(logits_f / temperature, dim=-1)
+                tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            else:
+                logp_all = F.log_softmax(logits_f, dim=-1)
+                tok = logp_all.argmax(-1)
+            lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            tokens.append(tok)
+            logps.append(torch.where(done, torch.zeros_like(lp), lp))
+            done = done | (tok == eos)
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
+                        cache=cache, use_cache=True)
+            cache, logits = out.cache, out.logits[:, -1]
+            next_pos = next_pos + 1
+        model.train(was_training)
+
+        completion = torch.stack(tokens, dim=1)
+        # A token is part of the completion up to and including the first EOS.
+        is_eos = completion == eos
+        ended_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+        completion_mask = (~ended_before).long()
+        completion = torch.where(ended_before, torch.full_like(completion, pad), completion)
+        texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
+        prompt_ids, prompt_mask = self.encode_prompts(prompts)
+        return Samples(
+            prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
+            prompt_mask=prompt_mask.repeat_interleave(g, dim=0),
+            completion_ids=completion,
+            completion_mask=completion_mask,
+            sample_logprobs=torch.stack(logps, dim=1) * completion_mask,
+            truncated=~is_eos.any(-1),
+            texts=texts,
+        )
+
+    # -- scoring ----------------------------------------------------------
+    def token_logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        completion_len: int,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) of the last ``completion_len`` tokens, with gradients.
+
+        Only the ``completion_len`` positions that predict completion tokens go
+        through the LM head (``logits_to_keep``), never the prompt.
+        """
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+            logits_to_keep=completion_len + 1,
+        )
+        logits = out.logits[:, :-1]
+        targets = input_ids[:, -completion_len:]
+        return token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
+
+    # -- weights ----------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state)
+
+    def parameters(self):
+        return (p for p in self.model.parameters() if p.requires_grad)

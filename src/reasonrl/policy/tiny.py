@@ -1,0 +1,141 @@
+"""The embedded default model: a tiny Llama with a character tokenizer.
+
+It is a standard ``LlamaForCausalLM`` (so every code path is the real one),
+created here and warmed up by a short supervised run on the embedded
+arithmetic task's worked solutions, which carry a systematic bracket mistake
+(see ``reasonrl.tasks.arithmetic``). The result is cached on disk keyed by
+its full configuration, so it is built once per machine and reproducibly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from reasonrl.policy.char_tokenizer import build_char_tokenizer
+from reasonrl.policy.hf import HFPolicy
+from reasonrl.tasks.arithmetic import ArithmeticTask
+
+# Bump when the warm-up procedure changes in a way the config does not capture.
+WARMUP_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_positions: int = 64
+    warmup_steps: int = 600
+    warmup_batch: int = 64
+    warmup_lr: float = 3e-3
+    seed: int = 0
+    max_operand: int = 20
+    careless_fraction: float = 0.7
+
+    def key(self) -> str:
+        blob = json.dumps({**asdict(self), "v": WARMUP_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("REASONRL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "reasonrl"
+    )
+    return Path(root)
+
+
+def new_tiny_model(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+    )
+    torch.manual_seed(spec.seed)
+    return LlamaForCausalLM(config)
+
+
+def supervised_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded prompt+target ids, attention mask, and labels (-100 outside targets)."""
+    eos = tokenizer.eos_token
+    enc = tokenizer([p + t + eos for p, t in zip(prompts, targets)], return_tensors="pt", padding=True)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    labels = ids.clone()
+    prompt_lens = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    seq_lens = mask.sum(-1).tolist()
+    width = ids.shape[1]
+    for i, (plen, slen) in enumerate(zip(prompt_lens, seq_lens)):
+        labels[i, : width - slen + plen] = -100
+    return ids, mask, labels
+
+
+def warm_up(policy: HFPolicy, task: ArithmeticTask, spec: TinySpec, log=print) -> None:
+    """Cross-entropy on the (partly careless) worked solutions."""
+    model, tok = policy.model, policy.tokenizer
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / spec.warmup_steps)
+    )
+    model.train()
+    start = time.time()
+    for step in range(spec.warmup_steps):
+        problems = task.warmup_problems(step, spec.warmup_batch, spec.seed)
+        ids, mask, labels = supervised_batch(tok, [p.prompt for p in problems], [p.solution for p in problems])
+        from reasonrl.policy.hf import position_ids_from_mask
+
+        loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == spec.warmup_steps - 1:
+            log(f"  warm-up step {step + 1}/{spec.warmup_steps}  loss {loss.item():.3f}  ({time.time() - start:.0f}s)")
+
+
+def load_tiny_policy(spec: TinySpec | None = None, cache_dir: str | Path | None = None, log=None) -> HFPolicy:
+    """Load the embedded model from the cache, building and warming it up on first use."""
+    spec = spec or TinySpec()
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    path = Path(cache_dir or default_cache_dir()) / f"tiny-arith-{spec.key()}"
+    if not (path / "config.json").exists():
+        log(f"building the embedded tiny model (one-off, cached at {path})")
+        tok = build_char_tokenizer()
+        model = new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+        policy = HFPolicy(model, tok)
+        task = ArithmeticTask(max_operand=spec.max_operand, careless_fraction=spec.careless_fraction)
+        warm_up(policy, task, spec, log=log)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path.parent))
+        policy.save(tmp)
+        (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=1))
+        try:
+            os.replace(tmp, path)  # atomic: a concurrent builder may have won; both are identical
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return load_hf_policy(path)
+
+
+def load_hf_policy(path: str | Path, device: str = "cpu") -> HFPolicy:
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return HFPolicy(model, tok, device)

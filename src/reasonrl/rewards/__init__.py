@@ -1,0 +1,11 @@
+"""Reward functions and verifiers, registered in ``REWARDS``.
+
+A reward function is called once per completion::
+
+    fn(completion: str, problem: Problem, *, num_tokens: int, truncated: bool, **params) -> float
+
+It may return ``None`` (no opinion) or raise: the scorer isolates failures
+(see ``reasonrl.rewards.scorer``), so a broken reward never kills a run.
+"""
+
+from reasonrl.rewards import basic  # noqa: F401  (registers the built-in rewards)

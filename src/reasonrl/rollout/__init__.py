@@ -1,0 +1,1 @@
+"""Group sampling: prompts in, scored ``RolloutBatch`` out."""

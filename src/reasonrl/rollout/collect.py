@@ -1,0 +1,103 @@
+"""Sample G completions per prompt, score them, and build a ``RolloutBatch``.
+
+With dynamic sampling (DAPO), groups whose rewards all agree carry no
+gradient under group-relative advantages; they are dropped and fresh prompts
+are sampled, up to ``max_sampling_rounds`` rounds per step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from reasonrl.algos.selection import zero_variance_groups
+from reasonrl.batch import RolloutBatch
+from reasonrl.config import Recipe
+from reasonrl.policy.hf import HFPolicy
+from reasonrl.rewards.scorer import Scorer
+from reasonrl.tasks.base import Problem, Task
+
+
+@dataclass
+class CollectStats:
+    sampled_groups: int = 0
+    sampled_tokens: int = 0
+    zero_variance_groups: int = 0
+    rounds: int = 0
+    seconds: float = 0.0
+    reward_failures: dict[str, int] = field(default_factory=dict)
+
+
+def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], recipe: Recipe,
+                     generator: torch.Generator, group_offset: int,
+                     policy_version: int) -> tuple[RolloutBatch, dict[str, int]]:
+    """One round: G samples per problem, scored. Returns the batch and reward-failure counts."""
+    g = recipe.rollout.num_generations
+    samples = policy.sample([p.prompt for p in problems], g, recipe.rollout.max_new_tokens,
+                            recipe.rollout.temperature, generator=generator)
+    rows = [p for p in problems for _ in range(g)]
+    num_tokens = samples.completion_mask.sum(-1).tolist()
+    scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist())
+    meta = {
+        "prompt": [p.prompt for p in rows],
+        "completion": samples.texts,
+        "answer": [p.answer for p in rows],
+        **{f"reward/{name}": values for name, values in scores.per_function.items()},
+        **{f"meta/{k}": [p.meta.get(k) for p in rows] for k in (problems[0].meta if problems else {})},
+    }
+    batch = RolloutBatch(
+        prompt_ids=samples.prompt_ids,
+        prompt_mask=samples.prompt_mask,
+        completion_ids=samples.completion_ids,
+        completion_mask=samples.completion_mask,
+        group_ids=torch.arange(len(problems)).repeat_interleave(g) + group_offset,
+        rewards=torch.tensor(scores.total, dtype=torch.float32),
+        truncated=samples.truncated,
+        policy_version=policy_version,
+        sample_logprobs=samples.sample_logprobs,
+        meta=meta,
+    )
+    return batch, scores.failures
+
+
+def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: int,
+            generator: torch.Generator, policy_version: int) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
+    """Returns (batch to train on, every sampled row for metrics, stats)."""
+    n = recipe.train.prompts_per_step
+    stats = CollectStats()
+    start = time.perf_counter()
+    kept: list[RolloutBatch] = []
+    everything: list[RolloutBatch] = []
+    kept_groups = 0
+    rounds = recipe.rollout.max_sampling_rounds if recipe.rollout.dynamic_sampling else 1
+    for rnd in range(rounds):
+        # Round r of step s draws a prompt stream of its own, so resumed runs see the same prompts.
+        problems = task.train_problems(step, n - kept_groups if rnd else n, recipe.train.seed + 7919 * rnd)
+        if not problems:
+            raise ValueError(f"task '{recipe.task.name}' returned no problems for step {step}")
+        batch, failures = sample_and_score(policy, scorer, problems, recipe, generator,
+                                 group_offset=stats.sampled_groups, policy_version=policy_version)
+        everything.append(batch)
+        stats.rounds += 1
+        stats.sampled_groups += len(problems)
+        stats.sampled_tokens += int(batch.completion_mask.sum())
+        for name, count in failures.items():
+            stats.reward_failures[name] = stats.reward_failures.get(name, 0) + count
+        flat = zero_variance_groups(batch.rewards, batch.group_ids)
+        stats.zero_variance_groups += int(flat.sum()) // recipe.rollout.num_generations
+        if recipe.rollout.dynamic_sampling:
+            batch = batch.select(torch.nonzero(~flat).squeeze(-1))
+        if len(batch):
+            kept.append(batch)
+            kept_groups += len(batch) // recipe.rollout.num_generations
+        if kept_groups >= n:
+            break
+    stats.seconds = time.perf_counter() - start
+    pad = policy.tokenizer.pad_token_id
+    all_rows = RolloutBatch.concat(everything, pad_id=pad)
+    train_batch = RolloutBatch.concat(kept, pad_id=pad) if kept else all_rows.select([])
+    if len(train_batch) > n * recipe.rollout.num_generations:  # keep exactly n groups
+        train_batch = train_batch.select(list(range(n * recipe.rollout.num_generations)))
+    return train_batch, all_rows, stats

@@ -1,0 +1,26 @@
+"""The task protocol: a deterministic, seekable stream of problems."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+    # What a supervised warm-up would imitate; tasks without one leave it empty.
+    solution: str = ""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+class Task(Protocol):
+    name: str
+
+    def train_problems(self, step: int, count: int, seed: int) -> list[Problem]:
+        """Problems for one training step. A pure function of (step, count, seed), so a
+        resumed run sees exactly the prompts an uninterrupted one would have seen."""
+
+    def eval_problems(self, count: int) -> list[Problem]:
+        """A fixed held-out set that never overlaps the training problems."""

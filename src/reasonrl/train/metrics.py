@@ -1,0 +1,67 @@
+"""Metric sinks: ``metrics.jsonl`` (always), TensorBoard (optional), progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to ``metrics.jsonl``; on resume it first drops
+    rows logged after the checkpoint, so the file matches an uninterrupted run."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None, tensorboard: bool = False) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and _row_step(line) is not None and _row_step(line) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self._file = open(self.path, "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise RuntimeError("log.tensorboard needs the 'tensorboard' package: pip install tensorboard") from exc
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and value is not None:
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a line cut short by a crash
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of ``metrics.jsonl``, skipping a truncated last line."""
+    rows = []
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            print(f"warning: skipping a malformed line in {path}", file=sys.stderr)
+    return rows

@@ -1,0 +1,275 @@
+"""The ``Trainer``: wires the stages together and runs the loop. No algorithm lives here.
+
+    sample G per prompt → score → select → advantages → num_iterations passes
+    over mini-batches (micro-batched backward) → repeat
+
+Each batch records the ``policy_version`` (optimiser steps so far) that
+sampled it, so a later asynchronous mode can bound staleness.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from reasonrl.algos.kl import apply_kl_to_rewards
+from reasonrl.algos.masked import masked_mean
+from reasonrl.batch import RolloutBatch
+from reasonrl.config import Recipe
+from reasonrl.evaluate.accuracy import greedy_accuracy
+from reasonrl.policy.factory import build_policy
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, SELECTORS, TASKS
+from reasonrl.rewards.scorer import RewardSpec, Scorer
+from reasonrl.rollout.collect import collect
+from reasonrl.train import checkpoint as ckpt
+from reasonrl.train.metrics import MetricsWriter, read_metrics
+from reasonrl.train.objective import Totals, batch_logprobs, loss_mask, micro_batch_loss
+from reasonrl.train.progress import Progress
+
+RECIPE_FILE = "recipe.json"
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
+    """The scalar reward placed on each completion's last token (verl's convention)."""
+    mask = batch.completion_mask
+    last = (mask.long().cumsum(-1) == mask.long().sum(-1, keepdim=True)) & mask.bool()
+    return batch.rewards.unsqueeze(-1) * last.float()
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    policy_version: int = 0
+    base_eval: dict[str, float] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+
+class Trainer:
+    def __init__(self, recipe: Recipe, run_dir: str | Path, resume: bool = False,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.recipe = recipe
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    # -- set-up -------------------------------------------------------------
+    def _setup(self) -> None:
+        r = self.recipe
+        if r.train.threads:
+            torch.set_num_threads(r.train.threads)
+        self.generator = seed_everything(r.train.seed)
+        self.task = TASKS.get(r.task.name)(**r.task.params)
+        self.eval_problems = self.task.eval_problems(r.eval.size) if r.eval.size else []
+        self.scorer = Scorer([RewardSpec(x.name, x.weight, x.params) for x in r.rewards])
+        self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
+        self.policy = build_policy(r.model, log=self.log)
+        # The reference model exists only when a KL term uses it.
+        self.ref_policy = build_policy(r.model, log=self.log) if r.loss.kl.coef > 0 else None
+        if self.ref_policy is not None:
+            self.ref_policy.model.requires_grad_(False)
+        params = list(self.policy.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=r.optim.lr, betas=r.optim.betas,
+                                           weight_decay=r.optim.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, r.optim.warmup_steps, r.train.steps, r.optim.schedule))
+        self.state = TrainState()
+
+    def _state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": ckpt.rng_state(self.generator),
+            "train_state": self.state.__dict__.copy(),
+            "recipe": self.recipe.to_dict(),
+        }
+
+    def _restore(self) -> None:
+        saved = ckpt.load_latest(self.run_dir)
+        self.policy.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        ckpt.restore_rng(saved["rng"], self.generator)
+        self.state = TrainState(**saved["train_state"])
+        self.log(f"resumed {self.run_dir} at step {self.state.step}")
+
+    # -- the loop ------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        r = self.recipe
+        started = time.perf_counter()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._setup()
+        if self.resume:
+            self._restore()
+        else:
+            (self.run_dir / RECIPE_FILE).write_text(json.dumps(r.to_dict(), indent=1))
+        wall_before = self.state.wall_seconds
+        writer = MetricsWriter(self.run_dir, resume_step=self.state.step if self.resume else None,
+                               tensorboard=r.log.tensorboard)
+        try:
+            if not self.resume and self.eval_problems:
+                self.state.base_eval = self._evaluate()
+                self.log(f"base accuracy {self.state.base_eval['accuracy']:.3f} on {len(self.eval_problems)} held-out problems")
+                writer.write(0, {f"eval/{k}": v for k, v in self.state.base_eval.items()})
+            progress = Progress(r.train.steps, initial=self.state.step, enabled=r.log.progress)
+            while self.state.step < r.train.steps:
+                step = self.state.step
+                metrics = self.train_step(step)
+                self.state.step = step + 1
+                if r.eval.every and self.state.step % r.eval.every == 0 and self.state.step < r.train.steps:
+                    metrics.update({f"eval/{k}": v for k, v in self._evaluate().items()})
+                self.state.wall_seconds = wall_before + time.perf_counter() - started
+                writer.write(self.state.step, metrics)
+                progress.update(metrics)
+                if self.state.step % r.train.checkpoint_every == 0 or self.state.step == r.train.steps:
+                    ckpt.save_checkpoint(self.run_dir, self.state.step, self._state_dict(), r.train.keep_checkpoints)
+            progress.close()
+            final_eval = self._evaluate() if self.eval_problems else {}
+            if final_eval:
+                writer.write(self.state.step, {f"eval/{k}": v for k, v in final_eval.items()})
+        finally:
+            writer.close()
+        self.policy.save(self.run_dir / "final_model")
+        summary = self._summary(final_eval, wall_before + time.perf_counter() - started)
+        if r.log.plots:
+            from reasonrl.evaluate.plots import write_plots
+
+            write_plots(read_metrics(self.run_dir), self.run_dir / "plots")
+        return summary
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        r = self.recipe
+        batch, sampled, stats = collect(self.policy, self.scorer, self.task, r, step, self.generator,
+                                        self.state.policy_version)
+        for select, params in self.selectors:
+            batch = select(batch, **params)
+        metrics = self._rollout_metrics(sampled, stats)
+        if len(batch) == 0:
+            metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
+            return metrics
+        train_start = time.perf_counter()
+        self._prepare_advantages(batch)
+        metrics.update(self._optimise(batch))
+        train_seconds = time.perf_counter() - train_start
+        tokens = float(batch.completion_mask.sum())
+        metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / max(train_seconds, 1e-9)
+        metrics["train/rows"] = len(batch)
+        return metrics
+
+    def _prepare_advantages(self, batch: RolloutBatch) -> None:
+        r = self.recipe
+        mb, temp = r.train.micro_batch_size, r.rollout.temperature
+        # π_old is needed only when some optimiser step sees data the policy has moved past.
+        if r.train.num_iterations > 1 or 0 < r.train.mini_batch_size < len(batch):
+            batch.old_logprobs = batch_logprobs(self.policy, batch, mb, temp)
+        if self.ref_policy is not None:
+            batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp)
+        mask = loss_mask(batch, r.loss)
+        batch.token_rewards = outcome_token_rewards(batch)
+        if self.ref_policy is not None and r.loss.kl.in_reward:
+            logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp)
+            kl = KL_ESTIMATORS.get(r.loss.kl.estimator)(logp, batch.ref_logprobs)
+            batch.token_rewards = apply_kl_to_rewards(batch.token_rewards, kl, mask, r.loss.kl.coef)
+        batch.advantages = ADVANTAGES.get(r.advantage.name)(batch.token_rewards, mask, batch.group_ids,
+                                                            **r.advantage.params)
+
+    def _optimise(self, batch: RolloutBatch) -> dict[str, float]:
+        r = self.recipe
+        sums: dict[str, float] = {}
+        grad_norms = []
+        mini_size = r.train.mini_batch_size or len(batch)
+        for _ in range(r.train.num_iterations):
+            for mini in batch.split(mini_size):
+                mask = loss_mask(mini, r.loss)
+                totals = Totals(tokens=max(1, int(mask.sum())), seqs=len(mini), norm_len=r.rollout.max_new_tokens)
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in mini.split(r.train.micro_batch_size):
+                    loss, stats = micro_batch_loss(self.policy, micro, r.loss, totals, r.rollout.temperature)
+                    loss.backward()
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                norm = torch.nn.utils.clip_grad_norm_(list(self.policy.parameters()), r.optim.max_grad_norm)
+                grad_norms.append(float(norm))
+                self.optimizer.step()
+                self.state.policy_version += 1
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        tokens = max(sums.pop("tokens", 0.0), 1.0)
+        passes = r.train.num_iterations * math.ceil(len(batch) / mini_size)
+        out = {
+            "loss": sums.pop("pg_loss") / passes,
+            "clip_fraction": sums.pop("clipped") / tokens,
+            "entropy": sums.pop("entropy") / tokens,
+            "ratio/mean": sums.pop("ratio") / tokens,
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "lr": lr,
+            "policy_version": self.state.policy_version,
+        }
+        if "kl" in sums:
+            out["kl"] = sums.pop("kl") / tokens
+        return out
+
+    def _rollout_metrics(self, sampled: RolloutBatch, stats) -> dict[str, Any]:
+        lengths = sampled.completion_mask.sum(-1).float()
+        m: dict[str, Any] = {
+            "reward/mean": float(sampled.rewards.mean()),
+            "reward/std": float(sampled.rewards.std()) if len(sampled) > 1 else 0.0,
+            "response_length/mean": float(lengths.mean()),
+            "response_length/max": float(lengths.max()),
+            "truncated_fraction": float(sampled.truncated.float().mean()),
+            "zero_variance_group_fraction": stats.zero_variance_groups / max(stats.sampled_groups, 1),
+            "sampling_rounds": stats.rounds,
+            "perf/sample_tokens_per_s": stats.sampled_tokens / max(stats.seconds, 1e-9),
+        }
+        for key, values in sampled.meta.items():
+            if key.startswith("reward/"):
+                m[key] = sum(values) / len(values)
+        for name, count in stats.reward_failures.items():
+            if count:
+                m[f"reward_failures/{name}"] = count
+        return m
+
+    def _evaluate(self) -> dict[str, float]:
+        budget = self.recipe.eval.max_new_tokens or self.recipe.rollout.max_new_tokens
+        return greedy_accuracy(self.policy, self.eval_problems, budget)
+
+    def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
+        summary = {
+            "run_dir": str(self.run_dir),
+            "steps": self.state.step,
+            "base_accuracy": self.state.base_eval.get("accuracy"),
+            "final_accuracy": final_eval.get("accuracy"),
+            "base_eval": self.state.base_eval,
+            "final_eval": final_eval,
+            "wall_seconds": round(wall, 2),
+        }
+        tmp = self.run_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1))
+        os.replace(tmp, self.run_dir / "summary.json")
+        return summary
