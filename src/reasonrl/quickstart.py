@@ -14,7 +14,7 @@ from pathlib import Path
 
 from reasonrl.config import load_recipe
 
-QUICKSTART_RECIPE = Path(__file__).resolve().parent / "recipes" / "quickstart.yaml"
+QUICKSTART_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "grpo.yaml"
 
 
 def format_table(summary: dict) -> str:

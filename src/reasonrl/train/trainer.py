@@ -23,9 +23,8 @@ import numpy as np
 import torch
 
 from reasonrl.algos.kl import apply_kl_to_rewards
-from reasonrl.algos.masked import masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Recipe
+from reasonrl.config import ConfigError, Recipe
 from reasonrl.evaluate.accuracy import greedy_accuracy
 from reasonrl.policy.factory import build_policy
 from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, SELECTORS, TASKS
@@ -62,6 +61,19 @@ def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
     return batch.rewards.unsqueeze(-1) * last.float()
 
 
+def build_task(r: Recipe):
+    """The task and its held-out problems; a task that yields no problems is a recipe error."""
+    try:
+        task = TASKS.get(r.task.name)(**r.task.params)
+        eval_problems = task.eval_problems(r.eval.size) if r.eval.size else []
+        first = task.train_problems(0, 1, r.train.seed)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"task '{r.task.name}': {exc}") from None
+    if not first:
+        raise ConfigError(f"task '{r.task.name}' has no training problems")
+    return task, eval_problems
+
+
 @dataclass
 class TrainState:
     step: int = 0
@@ -84,8 +96,7 @@ class Trainer:
         if r.train.threads:
             torch.set_num_threads(r.train.threads)
         self.generator = seed_everything(r.train.seed)
-        self.task = TASKS.get(r.task.name)(**r.task.params)
-        self.eval_problems = self.task.eval_problems(r.eval.size) if r.eval.size else []
+        self.task, self.eval_problems = build_task(r)
         self.scorer = Scorer([RewardSpec(x.name, x.weight, x.params) for x in r.rewards])
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.policy = build_policy(r.model, log=self.log)
@@ -123,8 +134,8 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         r = self.recipe
         started = time.perf_counter()
+        self._setup()  # everything that can reject the input happens before the run folder exists
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._setup()
         if self.resume:
             self._restore()
         else:

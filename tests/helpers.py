@@ -1,0 +1,35 @@
+"""Shared builders for tests: a tiny untrained policy and small recipes."""
+
+from __future__ import annotations
+
+from reasonrl.config import recipe_from_dict
+from reasonrl.policy.char_tokenizer import build_char_tokenizer
+from reasonrl.policy.hf import HFPolicy
+from reasonrl.policy.tiny import TinySpec, new_tiny_model
+
+# A model small enough that building it (with a token warm-up) takes a second.
+MINI_TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
+             "warmup_steps": 30, "warmup_batch": 16}
+
+
+def mini_policy(seed: int = 0) -> HFPolicy:
+    tok = build_char_tokenizer()
+    spec = TinySpec(**{**MINI_TINY, "seed": seed})
+    return HFPolicy(new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id), tok)
+
+
+def mini_recipe(**sections):
+    """A fast recipe on the mini model; ``sections`` override whole sections or keys."""
+    raw = {
+        "model": {"backend": "tiny", "tiny": dict(MINI_TINY)},
+        "rollout": {"num_generations": 4, "max_new_tokens": 24},
+        "train": {"steps": 4, "prompts_per_step": 4, "checkpoint_every": 2, "micro_batch_size": 8},
+        "eval": {"size": 16},
+        "log": {"plots": False, "progress": False},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return recipe_from_dict(raw, "test recipe")

@@ -1,0 +1,83 @@
+"""The backend conformance suite, run on the embedded (mini) model."""
+
+import torch
+
+from reasonrl.policy.hf import token_logprobs_and_entropy
+from reasonrl.policy.tiny import load_hf_policy
+
+from helpers import mini_policy
+
+PROMPTS = ["(3+4)*5;", "1+2*3;", "12*9+20;"]
+
+
+def joined(s):
+    return torch.cat([s.prompt_ids, s.completion_ids], 1), torch.cat([s.prompt_mask, s.completion_mask], 1)
+
+
+def test_sample_shapes_masks_and_truncation():
+    pol = mini_policy()
+    s = pol.sample(PROMPTS, 4, 10, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    n = len(PROMPTS) * 4
+    assert s.completion_ids.shape[0] == n and len(s.texts) == n and s.completion_ids.shape[1] <= 10
+    eos, pad = pol.tokenizer.eos_token_id, pol.tokenizer.pad_token_id
+    for row, m, trunc in zip(s.completion_ids, s.completion_mask, s.truncated):
+        k = int(m.sum())
+        assert m[:k].all() and not m[k:].any()  # contiguous prefix
+        assert (row[k:] == pad).all()
+        assert trunc == (row[k - 1] != eos)
+        assert not (row[: k - 1] == eos).any()  # nothing after the first EOS counts
+    assert torch.equal(s.prompt_ids[0], s.prompt_ids[3])  # rows i*G..i*G+G-1 share prompt i
+
+
+def test_sampling_logprobs_match_the_scoring_pass():
+    pol = mini_policy()
+    s = pol.sample(PROMPTS, 3, 12, temperature=0.7, generator=torch.Generator().manual_seed(1))
+    ids, mask = joined(s)
+    logp, ent = pol.token_logprobs(ids, mask, s.completion_ids.shape[1], temperature=0.7, with_entropy=True)
+    m = s.completion_mask.bool()
+    torch.testing.assert_close(logp[m], s.sample_logprobs[m], atol=2e-5, rtol=1e-5)
+    assert (ent[m] > 0).all()
+
+
+def test_logits_only_at_completion_positions_equal_the_full_pass():
+    pol = mini_policy()
+    s = pol.sample(PROMPTS, 2, 8, temperature=1.0, generator=torch.Generator().manual_seed(2))
+    ids, mask = joined(s)
+    t = s.completion_ids.shape[1]
+    fast, _ = pol.token_logprobs(ids, mask, t)
+    from reasonrl.policy.hf import position_ids_from_mask
+
+    full = pol.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    slow, _ = token_logprobs_and_entropy(full[:, -t - 1:-1], ids[:, -t:], 1.0, False)
+    torch.testing.assert_close(fast, slow)
+
+
+def test_shared_prefill_equals_separate_prompts_when_greedy():
+    pol = mini_policy()
+    grouped = pol.sample(PROMPTS, 3, 10, temperature=0.0)
+    separate = pol.sample([p for p in PROMPTS for _ in range(3)], 1, 10, temperature=0.0)
+    assert grouped.texts == separate.texts
+
+
+def test_gradients_flow_and_save_load_round_trip(tmp_path):
+    pol = mini_policy()
+    s = pol.sample(PROMPTS, 2, 8, generator=torch.Generator().manual_seed(3))
+    ids, mask = joined(s)
+    logp, _ = pol.token_logprobs(ids, mask, s.completion_ids.shape[1])
+    (logp * s.completion_mask).sum().backward()
+    grads = [p.grad for p in pol.parameters()]
+    assert all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads)
+    pol.save(tmp_path / "m")
+    again = load_hf_policy(tmp_path / "m")
+    with torch.no_grad():
+        a, _ = pol.token_logprobs(ids, mask, s.completion_ids.shape[1])
+        b, _ = again.token_logprobs(ids, mask, s.completion_ids.shape[1])
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert again.tokenizer.decode(again.tokenizer("7*8=56;")["input_ids"]) == "7*8=56;"
+
+
+def test_empty_prompt_is_rejected():
+    import pytest
+
+    with pytest.raises(ValueError, match="empty prompt"):
+        mini_policy().sample(["1+2;", ""], 2, 4)
