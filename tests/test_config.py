@@ -11,7 +11,8 @@ def write(tmp_path, text):
 
 def test_defaults_and_overrides(tmp_path):
     path = write(tmp_path, "optim: {lr: 1.0e-3}\nadvantage: {name: grpo, scale: none}\n")
-    r = load_recipe(path, ["train.steps=7", "loss.kl.coef=0.1", "rollout.temperature=0.5"])
+    r = load_recipe(path, ["train.steps=7", "loss.kl.coef=0.1", "rollout.temperature=0.5", "optim.weight_decay=1e-2"])
+    assert r.optim.weight_decay == 0.01  # YAML 1.1 reads 1e-2 as a string; it is still a number
     assert r.optim.lr == 1e-3 and r.train.steps == 7 and r.loss.kl.coef == 0.1
     assert r.rollout.temperature == 0.5
     assert r.advantage.name == "grpo" and r.advantage.params == {"scale": "none"}

@@ -327,6 +327,12 @@ def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
             raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):
+            # PyYAML reads `3e-4` (no dot) as a string; accept what any reader would call a number.
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}")
         return float(value)

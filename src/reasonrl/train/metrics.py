@@ -16,8 +16,7 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, resume_step: int | None = None, tensorboard: bool = False) -> None:
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and _row_step(line) is not None and _row_step(line) <= resume_step]
+            kept = [line for line in self.path.read_text().splitlines() if _logged_before(line, resume_step)]
             self.path.write_text("".join(line + "\n" for line in kept))
         self._file = open(self.path, "a", buffering=1)
         self._tb = None
@@ -42,11 +41,15 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _row_step(line: str) -> int | None:
+def _logged_before(line: str, checkpoint_step: int) -> bool:
+    """Was this row written before the checkpoint was taken? The training row of the
+    checkpoint's step was; a final-evaluation row at the same step was not."""
     try:
-        return int(json.loads(line)["step"])
+        row = json.loads(line)
+        step = int(row["step"])
     except (ValueError, KeyError, TypeError):
-        return None  # a line cut short by a crash
+        return False  # a line cut short by a crash
+    return step < checkpoint_step or (step == checkpoint_step and "reward/mean" in row)
 
 
 def _clean(value: Any) -> Any:

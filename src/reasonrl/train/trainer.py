@@ -201,7 +201,9 @@ class Trainer:
             batch.old_logprobs = batch_logprobs(self.policy, batch, mb, temp)
         if self.ref_policy is not None:
             batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp)
-        mask = loss_mask(batch, r.loss)
+        # Credit is computed on every sampled token; masking truncated rows is the loss's business
+        # (as in TRL), so a masked row still counts in its group's baseline.
+        mask = batch.completion_mask
         batch.token_rewards = outcome_token_rewards(batch)
         if self.ref_policy is not None and r.loss.kl.in_reward:
             logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp)
