@@ -65,3 +65,11 @@ def test_round_trip_through_dict():
     r = recipe_from_dict({"advantage": {"name": "rloo"}, "rewards": [{"name": "format", "weight": 0.5}]})
     again = recipe_from_dict(r.to_dict())
     assert again == r
+
+
+def test_clip_options_must_fit_the_policy_loss():
+    with pytest.raises(ConfigError, match="loss.epsilon does not apply to loss.policy 'cispo'"):
+        recipe_from_dict({"loss": {"policy": "cispo", "epsilon": 0.2}})
+    with pytest.raises(ConfigError, match="loss.dual_clip does not apply to loss.policy 'gspo'"):
+        recipe_from_dict({"loss": {"policy": "gspo", "dual_clip": 3.0}})
+    assert recipe_from_dict({"loss": {"policy": "cispo", "epsilon_high": 4.0}}).loss.epsilon_high == 4.0

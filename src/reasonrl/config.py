@@ -366,6 +366,12 @@ def _check_semantics(r: Recipe, where: str) -> None:
         known = registry.POLICY_LOSSES.names()
         need(False, f"loss.policy: unknown policy loss '{r.loss.policy}'; known: {', '.join(known)}."
                     f"{closest_match_hint(r.loss.policy, known)}")
+    else:
+        accepted = inspect.signature(registry.POLICY_LOSSES.get(r.loss.policy)).parameters
+        for key in ("epsilon", "epsilon_high", "dual_clip"):
+            need(getattr(r.loss, key) is None or key in accepted,
+                 f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: "
+                 f"{', '.join(k for k in ('epsilon', 'epsilon_high', 'dual_clip') if k in accepted)})")
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), f"rewards: each reward function may appear once, got {names}")
     need(bool(names), "rewards: at least one reward function is required")
