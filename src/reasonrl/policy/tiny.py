@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from reasonrl.fsutil import atomic_directory
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
-from reasonrl.policy.hf import HFPolicy
+from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
+from reasonrl.policy.loading import default_cache_dir, load_hf_policy
 from reasonrl.tasks.arithmetic import ArithmeticTask
 
 # Bump when the warm-up procedure changes in a way the config does not capture.
@@ -47,13 +46,6 @@ class TinySpec:
     def key(self) -> str:
         blob = json.dumps({**asdict(self), "v": WARMUP_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def default_cache_dir() -> Path:
-    root = os.environ.get("REASONRL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "reasonrl"
-    )
-    return Path(root)
 
 
 def new_tiny_model(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> LlamaForCausalLM:
@@ -100,8 +92,6 @@ def warm_up(policy: HFPolicy, task: ArithmeticTask, spec: TinySpec, log=print) -
     for step in range(spec.warmup_steps):
         problems = task.warmup_problems(step, spec.warmup_batch, spec.seed)
         ids, mask, labels = supervised_batch(tok, [p.prompt for p in problems], [p.solution for p in problems])
-        from reasonrl.policy.hf import position_ids_from_mask
-
         loss = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -124,18 +114,8 @@ def load_tiny_policy(spec: TinySpec | None = None, cache_dir: str | Path | None 
         policy = HFPolicy(model, tok)
         task = ArithmeticTask(max_operand=spec.max_operand, careless_fraction=spec.careless_fraction)
         warm_up(policy, task, spec, log=log)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path.parent))
-        policy.save(tmp)
-        (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=1))
-        try:
-            os.replace(tmp, path)  # atomic: a concurrent builder may have won; both are identical
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_directory(path) as tmp:
+            policy.save(tmp)
+            (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=1))
     return load_hf_policy(path)
 
-
-def load_hf_policy(path: str | Path, device: str = "cpu") -> HFPolicy:
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return HFPolicy(model, tok, device)

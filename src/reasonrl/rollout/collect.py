@@ -30,13 +30,20 @@ class CollectStats:
     reward_failures: dict[str, int] = field(default_factory=dict)
 
 
+def stop_strings(recipe: Recipe, task) -> list[str] | None:
+    """The recipe's stop strings, else the task's own (few-shot prompts need one)."""
+    if recipe.rollout.stop is not None:
+        return recipe.rollout.stop or None
+    return getattr(task, "stop_strings", None) or None
+
+
 def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], recipe: Recipe,
                      generator: torch.Generator, group_offset: int,
-                     policy_version: int) -> tuple[RolloutBatch, dict[str, int]]:
+                     policy_version: int, stop: list[str] | None = None) -> tuple[RolloutBatch, dict[str, int]]:
     """One round: G samples per problem, scored. Returns the batch and reward-failure counts."""
     g = recipe.rollout.num_generations
     samples = policy.sample([p.prompt for p in problems], g, recipe.rollout.max_new_tokens,
-                            recipe.rollout.temperature, generator=generator)
+                            recipe.rollout.temperature, generator=generator, stop=stop)
     rows = [p for p in problems for _ in range(g)]
     num_tokens = samples.completion_mask.sum(-1).tolist()
     scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist())
@@ -78,7 +85,8 @@ def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: 
         if not problems:
             raise ValueError(f"task '{recipe.task.name}' returned no problems for step {step}")
         batch, failures = sample_and_score(policy, scorer, problems, recipe, generator,
-                                 group_offset=stats.sampled_groups, policy_version=policy_version)
+                                 group_offset=stats.sampled_groups, policy_version=policy_version,
+                                 stop=stop_strings(recipe, task))
         everything.append(batch)
         stats.rounds += 1
         stats.sampled_groups += len(problems)

@@ -1,23 +1,24 @@
 """Atomic checkpoints holding everything an exact resume needs.
 
-A checkpoint is a folder ``checkpoints/step_XXXXXX`` with ``state.pt``:
-weights, optimiser and scheduler state, every RNG state (Python, NumPy,
-torch, the sampling generator), the step and policy version, and the
-base evaluation. It is written to a temporary folder and renamed into place,
+A checkpoint is a folder ``checkpoints/step_XXXXXX`` holding ``model/``, a
+standard Hugging Face folder (safetensors; only the adapters with LoRA), and
+``state.pt``: optimiser and scheduler state, every RNG state (Python, NumPy,
+torch, the sampling generator), the step and policy version, and the base
+evaluation. It is written to a temporary folder and renamed into place,
 so a crash mid-write never leaves a checkpoint that looks complete.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from reasonrl.fsutil import atomic_directory
 
 STATE_FILE = "state.pt"
 
@@ -38,15 +39,14 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
     generator.set_state(state["sampler"])
 
 
-def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    torch.save(state, tmp / STATE_FILE)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+MODEL_DIR = "model"
+
+
+def save_checkpoint(run_dir: Path, step: int, policy, state: dict[str, Any], keep: int) -> Path:
+    final = run_dir / "checkpoints" / f"step_{step:06d}"
+    with atomic_directory(final, overwrite=True) as tmp:
+        policy.save(tmp / MODEL_DIR)
+        torch.save(state, tmp / STATE_FILE)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -59,8 +59,10 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / STATE_FILE).is_file())
 
 
-def load_latest(run_dir: Path) -> dict[str, Any]:
+def load_latest(run_dir: Path, policy) -> dict[str, Any]:
+    """Load the newest checkpoint's weights into ``policy``; return the rest of its state."""
     found = list_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints to resume from")
+    policy.load_weights(found[-1] / MODEL_DIR)
     return torch.load(found[-1] / STATE_FILE, weights_only=False)

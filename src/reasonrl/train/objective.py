@@ -39,12 +39,18 @@ def policy_loss_params(cfg: LossConfig) -> dict:
     return {k: v for k, v in params.items() if v is not None}
 
 
+def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: float, share_prompt: bool,
+                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    return policy.completion_logprobs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                      batch.completion_mask, batch.group_ids if share_prompt else None,
+                                      temperature=temperature, with_entropy=with_entropy)
+
+
 def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, totals: Totals,
-                     temperature: float) -> tuple[Tensor, dict[str, float]]:
+                     temperature: float, share_prompt: bool) -> tuple[Tensor, dict[str, float]]:
     """Returns the loss to back-propagate and token-summed statistics for metrics."""
     mask = loss_mask(micro, cfg)
-    logp, entropy = policy.token_logprobs(micro.input_ids, micro.attention_mask, micro.completion_len,
-                                          temperature=temperature, with_entropy=True)
+    logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True)
     # With one optimisation pass over freshly sampled data, π_old = π_θ: no extra forward pass.
     old = micro.old_logprobs if micro.old_logprobs is not None else logp.detach()
     out = POLICY_LOSSES.get(cfg.policy)(logp, old, micro.advantages, mask, **policy_loss_params(cfg))
@@ -68,8 +74,8 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
 
 
 @torch.no_grad()
-def batch_logprobs(policy: HFPolicy, batch: RolloutBatch, micro_batch_size: int, temperature: float) -> Tensor:
+def batch_logprobs(policy: HFPolicy, batch: RolloutBatch, micro_batch_size: int, temperature: float,
+                   share_prompt: bool) -> Tensor:
     """Log-probs of the batch's completion tokens under ``policy`` (old or reference policy)."""
-    parts = [policy.token_logprobs(m.input_ids, m.attention_mask, m.completion_len, temperature)[0]
-             for m in batch.split(micro_batch_size)]
+    parts = [completion_logprobs(policy, m, temperature, share_prompt)[0] for m in batch.split(micro_batch_size)]
     return torch.cat(parts) * batch.completion_mask

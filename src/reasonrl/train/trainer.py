@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -26,10 +25,11 @@ from reasonrl.algos.kl import apply_kl_to_rewards
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, Recipe
 from reasonrl.evaluate.accuracy import greedy_accuracy
+from reasonrl.fsutil import atomic_write_text
 from reasonrl.policy.factory import build_policy
-from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, SELECTORS, TASKS
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, REWARDS, SELECTORS, TASKS
 from reasonrl.rewards.scorer import RewardSpec, Scorer
-from reasonrl.rollout.collect import collect
+from reasonrl.rollout.collect import collect, stop_strings
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.train.metrics import MetricsWriter, read_metrics
 from reasonrl.train.objective import Totals, batch_logprobs, loss_mask, micro_batch_loss
@@ -101,9 +101,7 @@ class Trainer:
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.policy = build_policy(r.model, log=self.log)
         # The reference model exists only when a KL term uses it.
-        self.ref_policy = build_policy(r.model, log=self.log) if r.loss.kl.coef > 0 else None
-        if self.ref_policy is not None:
-            self.ref_policy.model.requires_grad_(False)
+        self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
         params = list(self.policy.parameters())
         self.optimizer = torch.optim.AdamW(params, lr=r.optim.lr, betas=r.optim.betas,
                                            weight_decay=r.optim.weight_decay)
@@ -113,7 +111,6 @@ class Trainer:
 
     def _state_dict(self) -> dict[str, Any]:
         return {
-            "model": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": ckpt.rng_state(self.generator),
@@ -122,8 +119,7 @@ class Trainer:
         }
 
     def _restore(self) -> None:
-        saved = ckpt.load_latest(self.run_dir)
-        self.policy.load_state_dict(saved["model"])
+        saved = ckpt.load_latest(self.run_dir, self.policy)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
         ckpt.restore_rng(saved["rng"], self.generator)
@@ -159,7 +155,8 @@ class Trainer:
                 writer.write(self.state.step, metrics)
                 progress.update(metrics)
                 if self.state.step % r.train.checkpoint_every == 0 or self.state.step == r.train.steps:
-                    ckpt.save_checkpoint(self.run_dir, self.state.step, self._state_dict(), r.train.keep_checkpoints)
+                    ckpt.save_checkpoint(self.run_dir, self.state.step, self.policy, self._state_dict(),
+                                         r.train.keep_checkpoints)
             progress.close()
             final_eval = self._evaluate() if self.eval_problems else {}
             if final_eval:
@@ -167,6 +164,10 @@ class Trainer:
         finally:
             writer.close()
         self.policy.save(self.run_dir / "final_model")
+        if r.model.lora is not None and r.model.save_merged:
+            from reasonrl.policy.lora import save_merged
+
+            save_merged(self.policy.model, self.policy.tokenizer, self.run_dir / "final_model" / "merged")
         summary = self._summary(final_eval, wall_before + time.perf_counter() - started)
         if r.log.plots:
             from reasonrl.evaluate.plots import write_plots
@@ -195,18 +196,18 @@ class Trainer:
 
     def _prepare_advantages(self, batch: RolloutBatch) -> None:
         r = self.recipe
-        mb, temp = r.train.micro_batch_size, r.rollout.temperature
+        mb, temp, share = r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt
         # π_old is needed only when some optimiser step sees data the policy has moved past.
         if r.train.num_iterations > 1 or 0 < r.train.mini_batch_size < len(batch):
-            batch.old_logprobs = batch_logprobs(self.policy, batch, mb, temp)
+            batch.old_logprobs = batch_logprobs(self.policy, batch, mb, temp, share)
         if self.ref_policy is not None:
-            batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp)
+            batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp, share)
         # Credit is computed on every sampled token; masking truncated rows is the loss's business
         # (as in TRL), so a masked row still counts in its group's baseline.
         mask = batch.completion_mask
         batch.token_rewards = outcome_token_rewards(batch)
         if self.ref_policy is not None and r.loss.kl.in_reward:
-            logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp)
+            logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp, share)
             kl = KL_ESTIMATORS.get(r.loss.kl.estimator)(logp, batch.ref_logprobs)
             batch.token_rewards = apply_kl_to_rewards(batch.token_rewards, kl, mask, r.loss.kl.coef)
         batch.advantages = ADVANTAGES.get(r.advantage.name)(batch.token_rewards, mask, batch.group_ids,
@@ -223,7 +224,8 @@ class Trainer:
                 totals = Totals(tokens=max(1, int(mask.sum())), seqs=len(mini), norm_len=r.rollout.max_new_tokens)
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in mini.split(r.train.micro_batch_size):
-                    loss, stats = micro_batch_loss(self.policy, micro, r.loss, totals, r.rollout.temperature)
+                    loss, stats = micro_batch_loss(self.policy, micro, r.loss, totals, r.rollout.temperature,
+                                                   r.train.share_prompt)
                     loss.backward()
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
@@ -269,8 +271,11 @@ class Trainer:
         return m
 
     def _evaluate(self) -> dict[str, float]:
-        budget = self.recipe.eval.max_new_tokens or self.recipe.rollout.max_new_tokens
-        return greedy_accuracy(self.policy, self.eval_problems, budget)
+        r = self.recipe
+        budget = r.eval.max_new_tokens or r.rollout.max_new_tokens
+        reward = REWARDS.get(r.eval.reward)
+        return greedy_accuracy(self.policy, self.eval_problems, budget, batch_size=r.eval.batch_size,
+                               stop=stop_strings(r, self.task), reward=reward)
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
         summary = {
@@ -282,7 +287,5 @@ class Trainer:
             "final_eval": final_eval,
             "wall_seconds": round(wall, 2),
         }
-        tmp = self.run_dir / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1))
-        os.replace(tmp, self.run_dir / "summary.json")
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=1))
         return summary
