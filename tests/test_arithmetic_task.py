@@ -35,3 +35,16 @@ def test_correct_solutions_score_and_careless_fraction():
     assert 0.6 < wrong / len(bracketed) < 0.75
     assert all(exact_answer(p.solution, p) == 1.0 for p in problems if not p.meta["bracketed"])
     assert extract_answer("1+2=3;####3") == "3" and extract_answer("no answer") is None
+
+
+def test_few_shot_template_and_exemplars_leave_the_stream():
+    plain = ArithmeticTask()
+    task = ArithmeticTask(template="Question: What is {expr}?\nAnswer:", few_shot=2)
+    prompt = task.train_problems(0, 1, 0)[0].prompt
+    blocks = prompt.split("\n\n")
+    assert len(blocks) == 3 and blocks[-1].startswith("Question: What is ") and blocks[-1].endswith("?\nAnswer:")
+    shots = {b.split("?\n")[0] for b in blocks[:2]}
+    seen = {p.prompt.split("\n\n")[-1].split("?\n")[0] for s in range(300) for p in task.train_problems(s, 64, 0)}
+    assert not shots & seen  # an exemplar is never a training question
+    assert task.stop_strings == ["\n\n"] and plain.stop_strings == []
+    assert len(task._train) == len(plain._train) - 2

