@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, UnknownNameError, FileNotFoundError) as exc:
+    except (ConfigError, UnknownNameError, FileNotFoundError, ImportError) as exc:
+        # ImportError: an optional extra the recipe needs; its message names the pip command.
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
