@@ -10,7 +10,13 @@ both alike.
 
 Memory: a thread samples this process's resident set every 2 ms; a step's peak is
 its highest RSS above the RSS at the step's start (both models stay resident the
-whole time, so absolute RSS would mostly measure the other framework).
+whole time, so absolute RSS would mostly measure the other framework). Before each
+step glibc's ``malloc_trim`` hands freed heap pages back to the OS; otherwise a step
+would reuse the other framework's freed memory and look free of cost.
+
+After the race, the levers behind reasonrl's speed are measured one at a time on
+the same batch: one prefill per group in sampling, the shared-prompt training pass,
+LM-head logits at completion positions only, and the skipped old-log-prob pass.
 
     .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2]
 
@@ -22,6 +28,8 @@ machine-readable: ``step_time_ratio=<reasonrl/TRL> peak_rss_ratio=<reasonrl/TRL>
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import os
 import statistics
 import tempfile
@@ -36,6 +44,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 PAGE = os.sysconf("SC_PAGE_SIZE")
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
 
 
 def rss_bytes() -> int:
@@ -56,6 +65,7 @@ class PeakRSS:
             time.sleep(self.interval)
 
     def start(self) -> None:
+        LIBC.malloc_trim(0)
         self.base = self.peak = rss_bytes()
 
     def delta(self) -> int:
@@ -138,6 +148,59 @@ def build_trl(args, folder: str, prompts: list[str], answers: list[str], callbac
     return trainer
 
 
+def timed(fn, repeats: int = 2) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def levers(policy, problems, args) -> None:
+    """Each speed lever on/off on the same batch, to show its share of the step."""
+    g, budget = args.generations, args.max_new_tokens
+    prompts = [p.prompt for p in problems]
+    gen = torch.Generator().manual_seed(0)
+    s = policy.sample(prompts, g, budget, 1.0, generator=gen)
+    groups = torch.arange(len(prompts)).repeat_interleave(g)
+    args_ = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
+    t = s.completion_ids.shape[1]
+
+    def train_pass(group_ids):
+        def run():
+            logp, _ = policy.completion_logprobs(*args_, group_ids=group_ids, with_entropy=True)
+            (logp * s.completion_mask).sum().backward()
+            policy.model.zero_grad(set_to_none=True)
+        return run
+
+    def full_logits_forward():
+        ids = torch.cat([s.prompt_ids, s.completion_ids], 1)
+        mask = torch.cat([s.prompt_mask, s.completion_mask], 1)
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids, attention_mask=mask).logits  # every position through the head
+            torch.log_softmax(logits[:, -t - 1:-1].float(), -1)
+
+    def completion_logits_forward():
+        with torch.no_grad():
+            policy.completion_logprobs(*args_)
+
+    rows = [
+        ("sampling: one prefill per group", timed(lambda: policy.sample(prompts, g, budget, 1.0, generator=gen))),
+        ("sampling: prompt repeated G times", timed(lambda: policy.sample([p for p in prompts for _ in range(g)], 1,
+                                                                          budget, 1.0, generator=gen))),
+        ("train fwd+bwd: shared prompt", timed(train_pass(groups))),
+        ("train fwd+bwd: prompt per row", timed(train_pass(None))),
+        ("no-grad fwd: completion logits only", timed(completion_logits_forward)),
+        ("no-grad fwd: logits at every position", timed(full_logits_forward)),
+    ]
+    print(f"\nlevers (best of 2, seconds; prompt {s.prompt_ids.shape[1]} tokens, completion {t})")
+    for name, seconds in rows:
+        print(f"  {name:<40}{seconds:8.3f}")
+    print("  an old-log-prob pass (skipped with one optimisation pass) would cost about one no-grad forward")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4, help="steps per framework; the first is a warm-up")
@@ -189,7 +252,8 @@ def main() -> None:
             metrics = ours.train_step(step)
             results["reasonrl"].append({
                 "step_s": time.perf_counter() - start, "peak_rss": memory.delta(),
-                **{k[5:-2]: v for k, v in metrics.items() if k.startswith("perf/") and k.endswith("_s")},
+                **{k[5:-2]: v for k, v in metrics.items()
+                   if k.startswith("perf/") and k.endswith("_s") and "per_s" not in k and k != "perf/step_s"},
             })
             print(f"step {step}: TRL {seconds:6.2f}s  reasonrl {results['reasonrl'][-1]['step_s']:6.2f}s", flush=True)
 
@@ -217,6 +281,7 @@ def main() -> None:
             continue
         print(f"{key:<16}{trl_s.get(key, float('nan')):>10.3f}{ours_s.get(key, float('nan')):>10.3f}")
     print(f"{'peak RSS MiB':<16}{trl_s['peak_rss'] / 2**20:>10.1f}{ours_s['peak_rss'] / 2**20:>10.1f}")
+    levers(ours.policy, problems[: args.prompts], args)
     print(f"step_time_ratio={ours_s['step_s'] / trl_s['step_s']:.3f} "
           f"peak_rss_ratio={ours_s['peak_rss'] / max(trl_s['peak_rss'], 1):.3f}")
 
