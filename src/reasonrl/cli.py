@@ -50,6 +50,59 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    import yaml
+
+    from reasonrl.config import recipe_from_dict
+    from reasonrl.evaluate.sampling_eval import evaluate_sampling
+    from reasonrl.fsutil import atomic_write_text
+    from reasonrl.policy.loading import load_for_eval
+    from reasonrl.registry import REWARDS
+    from reasonrl.rewards.basic import extract_answer
+    from reasonrl.rewards.math import extract_prediction
+    from reasonrl.rollout.collect import stop_strings
+    from reasonrl.train.trainer import build_task
+
+    params = {}
+    for item in args.task_param:
+        if "=" not in item:
+            raise ConfigError(f"--task-param expects key=value, got '{item}'")
+        key, value = item.split("=", 1)
+        params[key] = yaml.safe_load(value)
+    # Validated like a recipe: unknown task names or parameters fail with the closest match.
+    recipe = recipe_from_dict({"task": {"name": args.task, **params}, "eval": {"size": args.size, "reward": args.reward},
+                               "rollout": {"max_new_tokens": args.max_new_tokens}}, "reasonrl eval")
+    task, problems = build_task(recipe)
+    policy = load_for_eval(args.model)
+    reward = REWARDS.get(args.reward)
+    extract = extract_prediction if args.reward == "math_verify" else extract_answer
+    ks = sorted({k for k in (1, args.k) if k <= args.n})
+
+    def progress(done: int, total: int) -> None:
+        print(f"\r  {done}/{total} problems", end="", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    result = evaluate_sampling(policy, problems, is_correct=lambda t, p: reward(t, p) == 1.0, extract=extract,
+                               n=args.n, ks=ks, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                               seed=args.seed, stop=stop_strings(recipe, task), batch_size=args.batch_size,
+                               progress=progress)
+    seconds = time.perf_counter() - start
+    print(file=sys.stderr)
+    result.update({"model": args.model, "task": args.task, "task_params": params, "reward": args.reward,
+                   "temperature": args.temperature, "seed": args.seed, "seconds": round(seconds, 1)})
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps({args.task: result}, indent=1))
+    print(f"{args.task}: {len(problems)} problems, n={args.n}, {seconds:.0f}s ({len(problems) / seconds:.2f} problems/s)")
+    for name, value in result["metrics"].items():
+        if isinstance(value, dict):
+            print(f"  {name:<20} {value['mean']:.3f}  [{value['ci_low']:.3f}, {value['ci_high']:.3f}]")
+        else:
+            print(f"  {name:<20} {value:.3f}")
+    print(f"results in {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
     train.add_argument("-o", "--output", help="run folder (default: output_dir/<recipe>-<time>)")
     train.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("eval", help="sample n completions per problem: avg@k, pass@k, maj@k, greedy, with CIs")
+    ev.add_argument("--model", required=True, help="tiny, a run folder, a model folder, a .gguf or an alias")
+    ev.add_argument("--task", required=True)
+    ev.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE")
+    ev.add_argument("--n", type=int, default=16, help="samples per problem")
+    ev.add_argument("--k", type=int, default=8, help="report pass@k and maj@k for this k (and 1)")
+    ev.add_argument("--size", type=int, default=100, help="held-out problems")
+    ev.add_argument("--reward", default="exact_answer", help="the reward whose 1 means correct")
+    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--max-new-tokens", type=int, default=64)
+    ev.add_argument("--batch-size", type=int, default=128, help="sequences sampled together")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("-o", "--output", default="eval.json")
+    ev.set_defaults(func=cmd_eval)
 
     quick = sub.add_parser("quickstart", help="warm up the embedded model, train it with GRPO, compare")
     quick.add_argument("--seed", type=int, default=0)

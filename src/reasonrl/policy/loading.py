@@ -91,3 +91,26 @@ def load_hf_policy(path: str | Path, *, gguf_file: str | None = None, dtype: str
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
     return HFPolicy(model, tokenizer, device)
+
+
+def load_for_eval(model: str, log=None) -> HFPolicy:
+    """What ``reasonrl eval --model`` accepts: ``tiny`` (the embedded model), a run folder
+    (its ``final_model``), a LoRA adapter folder (loaded onto its base), or anything
+    ``load_hf_policy`` loads."""
+    if model == "tiny":
+        from reasonrl.policy.tiny import load_tiny_policy
+
+        return load_tiny_policy(log=log)
+    path = Path(model)
+    if (path / "final_model").is_dir():
+        path = path / "final_model"
+    adapter = path / "adapter_config.json"
+    if adapter.is_file():
+        import json
+
+        from peft import PeftModel
+
+        base = load_hf_policy(json.loads(adapter.read_text())["base_model_name_or_path"], log=log)
+        base.model = PeftModel.from_pretrained(base.model, str(path))
+        return base
+    return load_hf_policy(str(path) if path.exists() else model, log=log)

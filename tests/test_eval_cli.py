@@ -1,0 +1,36 @@
+"""``reasonrl eval`` end to end on the embedded mini model."""
+
+import json
+
+from reasonrl.cli import main
+from reasonrl.evaluate.metrics import pass_at_k
+from reasonrl.policy.tiny import TinySpec, load_tiny_policy
+
+from helpers import MINI_TINY
+
+
+def test_eval_writes_recomputable_metrics_and_is_deterministic(tmp_path, capsys):
+    model = tmp_path / "model"
+    load_tiny_policy(TinySpec(**MINI_TINY)).save(model)
+    args = ["eval", "--model", str(model), "--task", "arithmetic", "--n", "4", "--k", "2", "--size", "6",
+            "--max-new-tokens", "12", "--seed", "3"]
+    assert main(args + ["-o", str(tmp_path / "a.json")]) == 0
+    assert main(args + ["-o", str(tmp_path / "b.json")]) == 0
+    a = json.loads((tmp_path / "a.json").read_text())["arithmetic"]
+    b = json.loads((tmp_path / "b.json").read_text())["arithmetic"]
+    assert a["per_problem"] == b["per_problem"] and a["metrics"] == b["metrics"]
+    rows, m = a["per_problem"], a["metrics"]
+    assert len(rows) == 6 and set(m) >= {"avg@4", "pass@1", "pass@2", "maj@1", "maj@2", "greedy",
+                                          "response_length", "token_entropy", "format_failure_rate"}
+    expected = sum(pass_at_k(4, r["correct"], 2) for r in rows) / 6
+    assert abs(m["pass@2"]["mean"] - expected) < 1e-12
+    assert m["pass@1"]["mean"] == m["avg@4"]["mean"] or abs(m["pass@1"]["mean"] - m["avg@4"]["mean"]) < 1e-12
+    assert m["avg@4"]["ci_low"] <= m["avg@4"]["mean"] <= m["avg@4"]["ci_high"]
+    assert 0 <= m["format_failure_rate"] <= 1 and m["token_entropy"] > 0
+    out = capsys.readouterr().out
+    assert "pass@2" in out and "problems/s" in out
+
+
+def test_eval_rejects_unknown_task_parameter(tmp_path, capsys):
+    code = main(["eval", "--model", "tiny", "--task", "arithmetic", "--task-param", "max_operandd=5"])
+    assert code == 2 and "Did you mean 'max_operand'" in capsys.readouterr().err
