@@ -23,7 +23,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from reasonrl import registry
-from reasonrl.registry import closest_match_hint
+from reasonrl.registry import UnknownNameError, closest_match_hint
 
 
 class ConfigError(ValueError):
@@ -285,11 +285,7 @@ def _build_component(cls: type, raw: Any, where: str, key: str) -> Component:
     section = key.split("[")[0]
     reg = _COMPONENT_REGISTRIES.get(section)
     if reg is not None:
-        if name not in reg:
-            known = reg.names()
-            raise ConfigError(f"{where}: {key}.name: unknown {reg.kind} '{name}'; known: {', '.join(known)}."
-                              f"{closest_match_hint(str(name), known)}")
-        _check_params(reg.get(name), params, where, key, section)
+        _check_params(_registered(reg, name, where, f"{key}.name"), params, where, key, section)
     return cls(name=name, params=params, **extra)
 
 
@@ -300,6 +296,14 @@ _PIPELINE_ARGS = {
     "selection": {"batch"},
     "task": {"name"},
 }
+
+
+def _registered(reg: registry.Registry, name: str, where: str, key: str) -> Any:
+    """The component ``name`` of ``reg``, or a ConfigError naming the recipe key."""
+    try:
+        return reg.get(name)
+    except UnknownNameError as exc:
+        raise ConfigError(f"{where}: {key}: {exc}") from None
 
 
 def _check_params(fn: Any, params: dict[str, Any], where: str, key: str, section: str) -> None:
@@ -394,20 +398,12 @@ def _check_semantics(r: Recipe, where: str) -> None:
     need(r.optim.lr > 0, f"optim.lr must be > 0, got {r.optim.lr}")
     need(r.loss.kl.coef >= 0, f"loss.kl.coef must be >= 0, got {r.loss.kl.coef}")
     need(r.model.backend != "hf" or bool(r.model.path), "model.path is required with model.backend: hf")
-    if r.loss.policy not in registry.POLICY_LOSSES:
-        known = registry.POLICY_LOSSES.names()
-        need(False, f"loss.policy: unknown policy loss '{r.loss.policy}'; known: {', '.join(known)}."
-                    f"{closest_match_hint(r.loss.policy, known)}")
-    else:
-        accepted = inspect.signature(registry.POLICY_LOSSES.get(r.loss.policy)).parameters
-        for key in ("epsilon", "epsilon_high", "dual_clip"):
-            need(getattr(r.loss, key) is None or key in accepted,
-                 f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: "
-                 f"{', '.join(k for k in ('epsilon', 'epsilon_high', 'dual_clip') if k in accepted)})")
-    if r.eval.reward not in registry.REWARDS:
-        known = registry.REWARDS.names()
-        need(False, f"eval.reward: unknown reward function '{r.eval.reward}'; known: {', '.join(known)}."
-                    f"{closest_match_hint(r.eval.reward, known)}")
+    accepted = inspect.signature(_registered(registry.POLICY_LOSSES, r.loss.policy, where, "loss.policy")).parameters
+    for key in ("epsilon", "epsilon_high", "dual_clip"):
+        need(getattr(r.loss, key) is None or key in accepted,
+             f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: "
+             f"{', '.join(k for k in ('epsilon', 'epsilon_high', 'dual_clip') if k in accepted)})")
+    _registered(registry.REWARDS, r.eval.reward, where, "eval.reward")
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), f"rewards: each reward function may appear once, got {names}")
     need(bool(names), "rewards: at least one reward function is required")
