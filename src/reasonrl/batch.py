@@ -32,9 +32,15 @@ class RolloutBatch:
     ref_logprobs: Tensor | None = None  # [N, T]
     sample_logprobs: Tensor | None = None  # [N, T] under the sampling engine
     token_rewards: Tensor | None = None  # [N, T]
+    # Process supervision: rewards of individual tokens from a token-level reward function
+    # (``token_reward`` in the recipe); ``token_rewards`` keeps the outcome on the last token.
+    dense_rewards: Tensor | None = None  # [N, T]
     advantages: Tensor | None = None  # [N, T]
     # Per-row metadata: prompt, completion, answer, task name, per-reward scores, ...
     meta: dict[str, list[Any]] = field(default_factory=dict)
+    # Method-specific per-row tensors ([N, ...]; [N, T] ones aligned with the completion block),
+    # e.g. a teacher's token probabilities; selected, split and concatenated with the batch.
+    aux: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.prompt_ids.shape[0]
@@ -45,6 +51,9 @@ class RolloutBatch:
         for key, values in self.meta.items():
             if len(values) != n:
                 raise ValueError(f"RolloutBatch.meta['{key}'] has {len(values)} rows, expected {n}")
+        for key, value in self.aux.items():
+            if value.shape[0] != n:
+                raise ValueError(f"RolloutBatch.aux['{key}'] has {value.shape[0]} rows, expected {n}")
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -73,7 +82,8 @@ class RolloutBatch:
         idx = torch.as_tensor(indices, dtype=torch.long)
         tensors = {name: value[idx.to(value.device)] for name, value in self._tensor_fields()}
         meta = {k: [v[i] for i in idx.tolist()] for k, v in self.meta.items()}
-        return replace(self, **tensors, meta=meta)
+        aux = {k: v[idx.to(v.device)] for k, v in self.aux.items()}
+        return replace(self, **tensors, meta=meta, aux=aux)
 
     def split(self, size: int) -> list["RolloutBatch"]:
         if size < 1:
@@ -81,7 +91,8 @@ class RolloutBatch:
         return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
 
     def to(self, device: str | torch.device) -> "RolloutBatch":
-        return replace(self, **{name: value.to(device) for name, value in self._tensor_fields()})
+        return replace(self, **{name: value.to(device) for name, value in self._tensor_fields()},
+                       aux={k: v.to(device) for k, v in self.aux.items()})
 
     @staticmethod
     def concat(batches: list["RolloutBatch"], pad_id: int = 0) -> "RolloutBatch":
@@ -101,6 +112,11 @@ class RolloutBatch:
                 if any(set(v) != keys for v in values):
                     raise ValueError("cannot concat batches with different metadata keys")
                 merged["meta"] = {k: [x for v in values for x in v[k]] for k in values[0]}
+            elif f.name == "aux":
+                keys = set(values[0])
+                if any(set(v) != keys for v in values):
+                    raise ValueError("cannot concat batches with different aux keys")
+                merged["aux"] = {k: _cat_padded([v[k] for v in values], left=False, pad=0) for k in values[0]}
             elif f.name == "policy_version":
                 merged[f.name] = min(values)  # the stalest data decides how off-policy the batch is
             else:

@@ -177,6 +177,9 @@ class Recipe:
     task: Component = field(default_factory=lambda: Component("arithmetic"))
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig("exact_answer")])
+    token_reward: Component | None = None
+    """A token-level reward (process supervision) written to the batch's ``dense_rewards``,
+    e.g. ``{name: arithmetic_steps}``; used by token-level credit such as ``bot_grpo``."""
     selection: list[Component] = field(default_factory=list)
     advantage: Component = field(default_factory=lambda: Component("grpo"))
     loss: LossConfig = field(default_factory=LossConfig)
@@ -196,6 +199,7 @@ class Recipe:
 _COMPONENT_REGISTRIES = {
     "task": registry.TASKS,
     "rewards": registry.REWARDS,
+    "token_reward": registry.TOKEN_REWARDS,
     "selection": registry.SELECTORS,
     "advantage": registry.ADVANTAGES,
 }
@@ -290,9 +294,10 @@ def _build_component(cls: type, raw: Any, where: str, key: str) -> Component:
 
 # Arguments supplied by the pipeline itself, never by the recipe.
 _PIPELINE_ARGS = {
-    "advantage": {"token_rewards", "response_mask", "group_ids"},
-    "rewards": {"completion", "problem", "num_tokens", "truncated"},
-    "selection": {"batch"},
+    "advantage": {"token_rewards", "response_mask", "group_ids", "batch", "step", "total_steps"},
+    "rewards": {"completion", "completions", "problem", "num_tokens", "truncated"},
+    "token_reward": {"completion", "problem"},
+    "selection": {"batch", "step", "total_steps"},
     "task": {"name"},
 }
 

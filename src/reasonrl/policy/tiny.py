@@ -13,14 +13,14 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.fsutil import atomic_directory
-from reasonrl.policy.char_tokenizer import build_char_tokenizer
+from reasonrl.policy.char_tokenizer import ARITHMETIC_CHARS, build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
 from reasonrl.policy.loading import default_cache_dir, load_hf_policy
 from reasonrl.tasks.arithmetic import ArithmeticTask
@@ -42,10 +42,29 @@ class TinySpec:
     seed: int = 0
     max_operand: int = 20
     careless_fraction: float = 0.7
+    task: str = "arithmetic"
+    """The registered task whose ``warmup_problems`` (worked solutions) the model imitates.
+    A task other than arithmetic may declare an ``alphabet`` (its characters)."""
+    task_params: dict = field(default_factory=dict)
 
     def key(self) -> str:
-        blob = json.dumps({**asdict(self), "v": WARMUP_VERSION}, sort_keys=True)
+        fields_ = asdict(self)
+        if self.task == "arithmetic" and not self.task_params:
+            del fields_["task"], fields_["task_params"]  # keeps the default model's cache key stable
+        blob = json.dumps({**fields_, "v": WARMUP_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def warmup_task(self):
+        if self.task == "arithmetic":
+            return ArithmeticTask(max_operand=self.max_operand, careless_fraction=self.careless_fraction,
+                                  **self.task_params)
+        import reasonrl.tasks  # noqa: F401  (registration)
+        from reasonrl.registry import TASKS
+
+        task = TASKS.get(self.task)(**self.task_params)
+        if not hasattr(task, "warmup_problems"):
+            raise ValueError(f"task '{self.task}' has no warmup_problems(); the embedded model cannot imitate it")
+        return task
 
 
 def new_tiny_model(spec: TinySpec, vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> LlamaForCausalLM:
@@ -80,7 +99,7 @@ def supervised_batch(tokenizer, prompts: list[str], targets: list[str]) -> tuple
     return ids, mask, labels
 
 
-def warm_up(policy: HFPolicy, task: ArithmeticTask, spec: TinySpec, log=print) -> None:
+def warm_up(policy: HFPolicy, task, spec: TinySpec, log=print) -> None:
     """Cross-entropy on the (partly careless) worked solutions."""
     model, tok = policy.model, policy.tokenizer
     opt = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, weight_decay=0.0)
@@ -106,13 +125,14 @@ def load_tiny_policy(spec: TinySpec | None = None, cache_dir: str | Path | None 
     """Load the embedded model from the cache, building and warming it up on first use."""
     spec = spec or TinySpec()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    path = Path(cache_dir or default_cache_dir()) / f"tiny-arith-{spec.key()}"
+    prefix = "arith" if spec.task == "arithmetic" else spec.task
+    path = Path(cache_dir or default_cache_dir()) / f"tiny-{prefix}-{spec.key()}"
     if not (path / "config.json").exists():
         log(f"building the embedded tiny model (one-off, cached at {path})")
-        tok = build_char_tokenizer()
+        task = spec.warmup_task()
+        tok = build_char_tokenizer(getattr(task, "alphabet", ARITHMETIC_CHARS))
         model = new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
         policy = HFPolicy(model, tok)
-        task = ArithmeticTask(max_operand=spec.max_operand, careless_fraction=spec.careless_fraction)
         warm_up(policy, task, spec, log=log)
         with atomic_directory(path) as tmp:
             policy.save(tmp)

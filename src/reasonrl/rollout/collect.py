@@ -48,8 +48,9 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
     rows = [p for p in problems for _ in range(g)]
     num_tokens = samples.completion_mask.sum(-1).tolist()
     with watch("score"):
-        scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist())
+        scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist(), group_size=g)
     meta = {
+        "problem": rows,
         "prompt": [p.prompt for p in rows],
         "completion": samples.texts,
         "answer": [p.answer for p in rows],

@@ -9,6 +9,7 @@ sampled it, so a later asynchronous mode can bound staleness.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -28,8 +29,9 @@ from reasonrl.evaluate.accuracy import greedy_accuracy
 from reasonrl.fsutil import atomic_write_text
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
-from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, REWARDS, SELECTORS, TASKS
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, REWARDS, SELECTORS, TASKS, TOKEN_REWARDS
 from reasonrl.rewards.scorer import RewardSpec, Scorer
+from reasonrl.rewards.token_level import dense_token_rewards
 from reasonrl.rollout.collect import collect, stop_strings
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.train.metrics import MetricsWriter, read_metrics
@@ -60,6 +62,13 @@ def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
     mask = batch.completion_mask
     last = (mask.long().cumsum(-1) == mask.long().sum(-1, keepdim=True)) & mask.bool()
     return batch.rewards.unsqueeze(-1) * last.float()
+
+
+def call_stage(fn: Callable, args: tuple, pipeline: dict[str, Any], params: dict[str, Any]) -> Any:
+    """Call a registered component with its recipe ``params`` plus those ``pipeline``
+    values (batch, step, total_steps, ...) that its signature declares."""
+    accepted = inspect.signature(fn).parameters
+    return fn(*args, **{k: v for k, v in pipeline.items() if k in accepted}, **params)
 
 
 def build_task(r: Recipe):
@@ -100,6 +109,7 @@ class Trainer:
         self.task, self.eval_problems = build_task(r)
         self.scorer = Scorer([RewardSpec(x.name, x.weight, x.params) for x in r.rewards])
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
+        self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
         self.policy = build_policy(r.model, log=self.log)
         # The reference model exists only when a KL term uses it.
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
@@ -183,15 +193,21 @@ class Trainer:
         step_start = time.perf_counter()
         batch, sampled, stats = collect(self.policy, self.scorer, self.task, r, step, self.generator,
                                         self.state.policy_version, watch)
-        for select, params in self.selectors:
-            batch = select(batch, **params)
         metrics = self._rollout_metrics(sampled, stats)
+        if self.token_reward is not None:
+            with watch("score"):
+                fn, params = self.token_reward
+                batch.dense_rewards = dense_token_rewards(self.policy.tokenizer, batch, fn, params)
+        for (select, params), spec in zip(self.selectors, r.selection):
+            selected = call_stage(select, (batch,), {"step": step, "total_steps": r.train.steps}, params)
+            batch, extra = selected if isinstance(selected, tuple) else (selected, {})
+            metrics.update({f"selection/{spec.name}/{k}": v for k, v in extra.items()})
         metrics["perf/sample_tokens_per_s"] = stats.sampled_tokens / max(watch.seconds["sample"], 1e-9)
         if len(batch) == 0:
             metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
             return metrics
         with watch("logprob"):
-            self._prepare_advantages(batch)
+            self._prepare_advantages(batch, step)
         metrics.update(self._optimise(batch, watch))
         train_seconds = sum(watch.seconds[k] for k in ("forward", "backward", "optimizer"))
         tokens = float(batch.completion_mask.sum())
@@ -201,7 +217,7 @@ class Trainer:
         metrics["perf/step_s"] = round(time.perf_counter() - step_start, 4)
         return metrics
 
-    def _prepare_advantages(self, batch: RolloutBatch) -> None:
+    def _prepare_advantages(self, batch: RolloutBatch, step: int) -> None:
         r = self.recipe
         mb, temp, share = r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt
         # π_old is needed only when some optimiser step sees data the policy has moved past.
@@ -217,8 +233,8 @@ class Trainer:
             logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp, share)
             kl = KL_ESTIMATORS.get(r.loss.kl.estimator)(logp, batch.ref_logprobs)
             batch.token_rewards = apply_kl_to_rewards(batch.token_rewards, kl, mask, r.loss.kl.coef)
-        batch.advantages = ADVANTAGES.get(r.advantage.name)(batch.token_rewards, mask, batch.group_ids,
-                                                            **r.advantage.params)
+        batch.advantages = call_stage(ADVANTAGES.get(r.advantage.name), (batch.token_rewards, mask, batch.group_ids),
+                                      {"batch": batch, "step": step, "total_steps": r.train.steps}, r.advantage.params)
 
     def _optimise(self, batch: RolloutBatch, watch: Stopwatch) -> dict[str, float]:
         r = self.recipe
