@@ -53,16 +53,13 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import yaml
 
-    from reasonrl.config import recipe_from_dict
-    from reasonrl.evaluate.sampling_eval import evaluate_sampling
+    from reasonrl.evaluate.evaluator import Evaluator
     from reasonrl.fsutil import atomic_write_text
     from reasonrl.policy.loading import load_for_eval
-    from reasonrl.registry import REWARDS
-    from reasonrl.rewards.basic import extract_answer
-    from reasonrl.rewards.math import extract_prediction
-    from reasonrl.rollout.collect import stop_strings
     from reasonrl.train.trainer import build_task
 
+    if args.n < 1:
+        raise ConfigError(f"--n must be >= 1, got {args.n}")
     params = {}
     for item in args.task_param:
         if "=" not in item:
@@ -70,22 +67,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         key, value = item.split("=", 1)
         params[key] = yaml.safe_load(value)
     # Validated like a recipe: unknown task names or parameters fail with the closest match.
-    recipe = recipe_from_dict({"task": {"name": args.task, **params}, "eval": {"size": args.size, "reward": args.reward},
-                               "rollout": {"max_new_tokens": args.max_new_tokens}}, "reasonrl eval")
-    task, problems = build_task(recipe)
+    recipe = recipe_from_dict({
+        "task": {"name": args.task, **params},
+        "eval": {"size": args.size, "reward": args.reward, "n": args.n, "k": [k for k in (1, args.k) if k <= args.n],
+                 "temperature": args.temperature, "seed": args.seed, "batch_size": args.batch_size},
+        "rollout": {"max_new_tokens": args.max_new_tokens}}, "reasonrl eval")
+    evaluator = Evaluator(recipe, build_task(recipe))
     policy = load_for_eval(args.model)
-    reward = REWARDS.get(args.reward)
-    extract = extract_prediction if args.reward == "math_verify" else extract_answer
-    ks = sorted({k for k in (1, args.k) if k <= args.n})
 
     def progress(done: int, total: int) -> None:
         print(f"\r  {done}/{total} problems", end="", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    result = evaluate_sampling(policy, problems, is_correct=lambda t, p: reward(t, p) == 1.0, extract=extract,
-                               n=args.n, ks=ks, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                               seed=args.seed, stop=stop_strings(recipe, task), batch_size=args.batch_size,
-                               progress=progress)
+    result = evaluator.sampled(policy, progress=progress)
     seconds = time.perf_counter() - start
     print(file=sys.stderr)
     result.update({"model": args.model, "task": args.task, "task_params": params, "reward": args.reward,
@@ -93,12 +87,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps({args.task: result}, indent=1))
-    print(f"{args.task}: {len(problems)} problems, n={args.n}, {seconds:.0f}s ({len(problems) / seconds:.2f} problems/s)")
+    problems = len(evaluator.problems)
+    print(f"{args.task}: {problems} problems, n={args.n}, {seconds:.0f}s ({problems / seconds:.2f} problems/s)")
     for name, value in result["metrics"].items():
         if isinstance(value, dict):
-            print(f"  {name:<20} {value['mean']:.3f}  [{value['ci_low']:.3f}, {value['ci_high']:.3f}]")
+            print(f"  {name:<32} {value['mean']:.3f}  [{value['ci_low']:.3f}, {value['ci_high']:.3f}]")
         else:
-            print(f"  {name:<20} {value:.3f}")
+            print(f"  {name:<32} {value:.3f}")
     print(f"results in {out}")
     return 0
 

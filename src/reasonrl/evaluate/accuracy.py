@@ -10,16 +10,27 @@ from reasonrl.rewards.basic import exact_answer
 from reasonrl.tasks.base import Problem
 
 
-def greedy_accuracy(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
+def greedy_outcomes(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
                     batch_size: int = 256, stop: list[str] | None = None,
-                    reward: Callable[..., float] = exact_answer) -> dict[str, float]:
-    """Fraction of problems whose greedy completion earns ``reward`` 1 (by default the
-    exact ``####`` answer), overall and per ``form`` when the task labels its problems."""
+                    reward: Callable[..., float] = exact_answer) -> list[bool]:
+    """Per problem: does the greedy completion earn ``reward`` 1 (default: the exact ``####`` answer)?"""
     correct: list[bool] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
         texts = policy.sample([p.prompt for p in chunk], 1, max_new_tokens, temperature=0.0, stop=stop).texts
         correct += [reward(t, p) == 1.0 for t, p in zip(texts, chunk)]
+    return correct
+
+
+def greedy_accuracy(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
+                    batch_size: int = 256, stop: list[str] | None = None,
+                    reward: Callable[..., float] = exact_answer) -> dict[str, float]:
+    """Fraction of problems whose greedy completion is correct, overall and per ``form``
+    when the task labels its problems."""
+    return accuracy_by_form(greedy_outcomes(policy, problems, max_new_tokens, batch_size, stop, reward), problems)
+
+
+def accuracy_by_form(correct: list[bool], problems: list[Problem]) -> dict[str, float]:
     result = {"accuracy": sum(correct) / max(len(correct), 1)}
     by_form: dict[str, list[bool]] = defaultdict(list)
     for ok, p in zip(correct, problems):

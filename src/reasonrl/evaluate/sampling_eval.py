@@ -1,29 +1,49 @@
-"""``reasonrl eval``: n samples per problem → avg@k, pass@k, maj@k, greedy, with CIs.
+"""n samples per problem → avg@k, pass@k, maj@k, greedy, calibration, with CIs.
 
-Writes the per-problem correct counts beside the aggregates so that anyone can
-recompute every number (pass@k from (n, c) alone).
+Used by ``reasonrl eval`` and by the training evaluation callback (``eval.n``). The
+per-problem rows (correct counts, per-sample outcomes and confidences) are returned
+beside the aggregates so that anyone can recompute every number.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Callable
 
 import torch
 
+from reasonrl.evaluate.calibration import auroc, brier_score, expected_calibration_error, overconfidence_rate
 from reasonrl.evaluate.metrics import bootstrap_ci, majority_answer, pass_at_k
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.tasks.base import Problem
+
+# "confidence: 0.8", "Confidence = 80%", "confidence 0.75" (case-insensitive; the last one wins)
+_STATED = re.compile(r"confidence\s*[:=]?\s*([0-9]*\.?[0-9]+)\s*(%?)", re.IGNORECASE)
+
+
+def stated_confidence(text: str) -> float | None:
+    """The confidence a completion states about its own answer, in [0, 1], or None."""
+    found = _STATED.findall(text)
+    if not found:
+        return None
+    number, percent = found[-1]
+    value = float(number) / (100.0 if percent or float(number) > 1.0 else 1.0)
+    return value if 0.0 <= value <= 1.0 else None
 
 
 def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: Callable[[str, Problem], bool],
                       extract: Callable[[str], str | None], n: int, ks: list[int], max_new_tokens: int,
                       temperature: float = 1.0, seed: int = 0, stop: list[str] | None = None,
-                      batch_size: int = 32, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Sample ``n`` completions per problem (and one greedy) and score them.
+                      batch_size: int = 32, greedy: bool = True,
+                      group_metrics: Callable[[Problem, list[str]], dict[str, float]] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Sample ``n`` completions per problem (and one greedy unless ``greedy=False``) and score them.
 
     Token entropy is estimated as the mean −log p of the sampled tokens (an unbiased
     estimate of the sampling distribution's entropy); format failures are completions
-    from which no answer can be extracted.
+    from which no answer can be extracted. ``group_metrics`` (a task's own quality
+    measures of a problem's n completions, e.g. witness recovery) are averaged over problems.
     """
     if n < 1 or any(not 1 <= k <= n for k in ks):
         raise ValueError(f"need n >= 1 and every k in 1..n; got n={n}, k={ks}")
@@ -34,47 +54,94 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
         chunk = problems[start:start + per_prompt]
         prompts = [p.prompt for p in chunk]
         sampled = policy.sample(prompts, n, max_new_tokens, temperature, generator=generator, stop=stop)
-        greedy = policy.sample(prompts, 1, max_new_tokens, 0.0, stop=stop).texts
+        greedy_texts = policy.sample(prompts, 1, max_new_tokens, 0.0, stop=stop).texts if greedy else None
         lengths = sampled.completion_mask.sum(-1)
-        nll = -(sampled.sample_logprobs.sum(-1))
+        logp = sampled.sample_logprobs.sum(-1)
         for i, problem in enumerate(chunk):
-            texts = sampled.texts[i * n:(i + 1) * n]
+            span = slice(i * n, (i + 1) * n)
+            texts = sampled.texts[span]
             answers = [extract(t) for t in texts]
-            correct = [is_correct(t, problem) for t in texts]
+            correct = [bool(is_correct(t, problem)) for t in texts]
             winner = majority_answer(answers)
-            rows.append({
+            row = {
                 "prompt": problem.prompt, "answer": problem.answer, "n": n, "correct": sum(correct),
-                "greedy": is_correct(greedy[i], problem),
-                "maj": {k: _majority_correct(answers[:k], texts[:k], correct[:k]) for k in ks},
+                "sample_correct": correct,
+                "maj": {k: _majority_correct(answers[:k], correct[:k]) for k in ks},
                 "majority_answer": winner,
+                "majority_votes": answers.count(winner) if winner is not None else 0,
+                "majority_correct": _majority_correct(answers, correct),
                 "format_failures": sum(a is None for a in answers),
-                "tokens": int(lengths[i * n:(i + 1) * n].sum()),
-                "nll": float(nll[i * n:(i + 1) * n].sum()),
-            })
+                "tokens": int(lengths[span].sum()),
+                "nll": float(-logp[span].sum()),
+                # geometric-mean token probability of each sample: a confidence every model has
+                "sequence_confidence": [round(math.exp(float(lp) / max(int(ln), 1)), 6)
+                                        for lp, ln in zip(logp[span], lengths[span])],
+                "stated_confidence": [stated_confidence(t) for t in texts],
+            }
+            if "form" in problem.meta:
+                row["form"] = problem.meta["form"]
+            if greedy_texts is not None:
+                row["greedy"] = bool(is_correct(greedy_texts[i], problem))
+            if group_metrics is not None:
+                row["group_metrics"] = group_metrics(problem, texts)
+            rows.append(row)
         if progress:
             progress(min(start + per_prompt, len(problems)), len(problems))
     return summarise(rows, ks)
 
 
-def _majority_correct(answers, texts, correct) -> bool:
+def _majority_correct(answers, correct) -> bool:
     """Is the majority answer a correct one? Judged by a sample that gave that answer."""
     winner = majority_answer(answers)
     return winner is not None and next(c for a, c in zip(answers, correct) if a == winner)
 
 
-def summarise(rows: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
-    def with_ci(values: list[float]) -> dict[str, float]:
-        lo, hi = bootstrap_ci(values)
-        return {"mean": sum(values) / len(values), "ci_low": lo, "ci_high": hi}
+def _with_ci(values: list[float]) -> dict[str, float]:
+    lo, hi = bootstrap_ci(values)
+    return {"mean": sum(values) / len(values), "ci_low": lo, "ci_high": hi}
 
+
+def calibration_metrics(confidence: list[float], correct: list[bool]) -> dict[str, float]:
+    return {"ece": expected_calibration_error(confidence, correct), "brier": brier_score(confidence, correct),
+            "auroc": auroc(confidence, correct), "overconfidence": overconfidence_rate(confidence, correct)}
+
+
+def summarise(rows: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
     n = rows[0]["n"]
-    metrics = {f"avg@{n}": with_ci([r["correct"] / n for r in rows]), "greedy": with_ci([float(r["greedy"]) for r in rows])}
+    metrics: dict[str, Any] = {f"avg@{n}": _with_ci([r["correct"] / n for r in rows])}
+    if "greedy" in rows[0]:
+        metrics["greedy"] = _with_ci([float(r["greedy"]) for r in rows])
     for k in ks:
-        metrics[f"pass@{k}"] = with_ci([pass_at_k(n, r["correct"], k) for r in rows])
-        metrics[f"maj@{k}"] = with_ci([float(r["maj"][k]) for r in rows])
+        metrics[f"pass@{k}"] = _with_ci([pass_at_k(n, r["correct"], k) for r in rows])
+        metrics[f"maj@{k}"] = _with_ci([float(r["maj"][k]) for r in rows])
     tokens = sum(r["tokens"] for r in rows)
     metrics["response_length"] = tokens / (n * len(rows))
     metrics["token_entropy"] = sum(r["nll"] for r in rows) / max(tokens, 1)
     metrics["format_failure_rate"] = sum(r["format_failures"] for r in rows) / (n * len(rows))
+    metrics.update(_calibration(rows))
+    if "group_metrics" in rows[0]:
+        for key in rows[0]["group_metrics"]:
+            metrics[key] = _with_ci([float(r["group_metrics"][key]) for r in rows])
     return {"num_problems": len(rows), "n": n, "metrics": metrics,
             "per_problem": [{k: v for k, v in r.items() if k != "nll"} for r in rows]}
+
+
+def _calibration(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Three confidences: the sequence's token probability (every sample), the majority
+    answer's vote share (one per problem, against maj correctness: self-consistency), and
+    a confidence the completion states itself (only samples that state one)."""
+    out: dict[str, float] = {}
+    correct = [c for r in rows for c in r["sample_correct"]]
+    sources = {
+        "sequence": ([c for r in rows for c in r["sequence_confidence"]], correct),
+        "consistency": ([r["majority_votes"] / r["n"] for r in rows], [r["majority_correct"] for r in rows]),
+    }
+    stated = [(c, ok) for r in rows for c, ok in zip(r["stated_confidence"], r["sample_correct"]) if c is not None]
+    if stated:
+        sources["stated"] = ([c for c, _ in stated], [ok for _, ok in stated])
+        out["calibration/stated/rate"] = len(stated) / len(correct)
+    for name, (conf, ok) in sources.items():
+        for key, value in calibration_metrics(conf, ok).items():
+            out[f"calibration/{name}/{key}"] = value
+    return out
+

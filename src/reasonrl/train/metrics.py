@@ -1,4 +1,4 @@
-"""Metric sinks: ``metrics.jsonl`` (always), TensorBoard (optional), progress bar."""
+"""Metric sinks: ``metrics.jsonl`` (always) and the trackers named in ``log.report_to``."""
 
 from __future__ import annotations
 
@@ -13,32 +13,26 @@ class MetricsWriter:
     """Appends one JSON object per step to ``metrics.jsonl``; on resume it first drops
     rows logged after the checkpoint, so the file matches an uninterrupted run."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None, tensorboard: bool = False) -> None:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, trackers: list | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines() if _logged_before(line, resume_step)]
             self.path.write_text("".join(line + "\n" for line in kept))
         self._file = open(self.path, "a", buffering=1)
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise RuntimeError("log.tensorboard needs the 'tensorboard' package: pip install tensorboard") from exc
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        self._trackers = trackers or []
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)) and value is not None:
-                    self._tb.add_scalar(key, value, step)
+        scalars = {k: float(v) for k, v in row.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for tracker in self._trackers:
+            tracker.log(step, scalars)
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self._trackers:
+            tracker.close()
 
 
 def _logged_before(line: str, checkpoint_step: int) -> bool:

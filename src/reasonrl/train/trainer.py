@@ -25,16 +25,17 @@ import torch
 from reasonrl.algos.kl import apply_kl_to_rewards
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, Recipe
-from reasonrl.evaluate.accuracy import greedy_accuracy
+from reasonrl.evaluate.evaluator import EvalResult, Evaluator
 from reasonrl.fsutil import atomic_write_text
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
-from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, REWARDS, SELECTORS, TASKS, TOKEN_REWARDS
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, SELECTORS, TASKS, TOKEN_REWARDS
 from reasonrl.rewards.scorer import RewardSpec, Scorer
 from reasonrl.rewards.token_level import dense_token_rewards
-from reasonrl.rollout.collect import collect, stop_strings
+from reasonrl.rollout.collect import collect
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.train.metrics import MetricsWriter, read_metrics
+from reasonrl.train.trackers import check_trackers, open_trackers
 from reasonrl.train.objective import Totals, batch_logprobs, loss_mask, micro_batch_loss
 from reasonrl.train.progress import Progress
 
@@ -72,16 +73,15 @@ def call_stage(fn: Callable, args: tuple, pipeline: dict[str, Any], params: dict
 
 
 def build_task(r: Recipe):
-    """The task and its held-out problems; a task that yields no problems is a recipe error."""
+    """The training task; a task that yields no problems is a recipe error."""
     try:
         task = TASKS.get(r.task.name)(**r.task.params)
-        eval_problems = task.eval_problems(r.eval.size) if r.eval.size else []
         first = task.train_problems(0, 1, r.train.seed)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"task '{r.task.name}': {exc}") from None
     if not first:
         raise ConfigError(f"task '{r.task.name}' has no training problems")
-    return task, eval_problems
+    return task
 
 
 @dataclass
@@ -89,6 +89,7 @@ class TrainState:
     step: int = 0
     policy_version: int = 0
     base_eval: dict[str, float] = field(default_factory=dict)
+    base_eval_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     wall_seconds: float = 0.0
 
 
@@ -106,7 +107,9 @@ class Trainer:
         if r.train.threads:
             torch.set_num_threads(r.train.threads)
         self.generator = seed_everything(r.train.seed)
-        self.task, self.eval_problems = build_task(r)
+        self.task = build_task(r)
+        self.evaluator = Evaluator(r, self.task)
+        check_trackers(r.log.report_to)  # a missing extra fails now, not after the run folder exists
         self.scorer = Scorer([RewardSpec(x.name, x.weight, x.params) for x in r.rewards])
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
@@ -149,20 +152,25 @@ class Trainer:
         else:
             (self.run_dir / RECIPE_FILE).write_text(json.dumps(r.to_dict(), indent=1))
         wall_before = self.state.wall_seconds
-        writer = MetricsWriter(self.run_dir, resume_step=self.state.step if self.resume else None,
-                               tensorboard=r.log.tensorboard)
+        resume_step = self.state.step if self.resume else None
+        trackers = open_trackers(r.log.report_to, self.run_dir, run_name=self.run_dir.name,
+                                 experiment=r.log.experiment, mlflow_tracking_uri=r.log.mlflow_tracking_uri,
+                                 config=r.to_dict(), resume_step=resume_step)
+        writer = MetricsWriter(self.run_dir, resume_step=resume_step, trackers=trackers)
+        final_eval = EvalResult({})
         try:
-            if not self.resume and self.eval_problems:
-                self.state.base_eval = self._evaluate()
-                self.log(f"base accuracy {self.state.base_eval['accuracy']:.3f} on {len(self.eval_problems)} held-out problems")
-                writer.write(0, {f"eval/{k}": v for k, v in self.state.base_eval.items()})
+            if not self.resume and self.evaluator.problems:
+                base = self.evaluator(self.policy)
+                self.state.base_eval, self.state.base_eval_ci = base.metrics, base.intervals
+                self.log(f"base accuracy {base.metrics['accuracy']:.3f} on {len(self.evaluator.problems)} held-out problems")
+                writer.write(0, {f"eval/{k}": v for k, v in base.metrics.items()})
             progress = Progress(r.train.steps, initial=self.state.step, enabled=r.log.progress)
             while self.state.step < r.train.steps:
                 step = self.state.step
                 metrics = self.train_step(step)
                 self.state.step = step + 1
                 if r.eval.every and self.state.step % r.eval.every == 0 and self.state.step < r.train.steps:
-                    metrics.update({f"eval/{k}": v for k, v in self._evaluate().items()})
+                    metrics.update({f"eval/{k}": v for k, v in self.evaluator(self.policy).metrics.items()})
                 self.state.wall_seconds = wall_before + time.perf_counter() - started
                 writer.write(self.state.step, metrics)
                 progress.update(metrics)
@@ -170,9 +178,9 @@ class Trainer:
                     ckpt.save_checkpoint(self.run_dir, self.state.step, self.policy, self._state_dict(),
                                          r.train.keep_checkpoints)
             progress.close()
-            final_eval = self._evaluate() if self.eval_problems else {}
-            if final_eval:
-                writer.write(self.state.step, {f"eval/{k}": v for k, v in final_eval.items()})
+            final_eval = self.evaluator(self.policy)
+            if final_eval.metrics:
+                writer.write(self.state.step, {f"eval/{k}": v for k, v in final_eval.metrics.items()})
         finally:
             writer.close()
         self.policy.save(self.run_dir / "final_model")
@@ -295,21 +303,16 @@ class Trainer:
                 m[f"reward_failures/{name}"] = count
         return m
 
-    def _evaluate(self) -> dict[str, float]:
-        r = self.recipe
-        budget = r.eval.max_new_tokens or r.rollout.max_new_tokens
-        reward = REWARDS.get(r.eval.reward)
-        return greedy_accuracy(self.policy, self.eval_problems, budget, batch_size=r.eval.batch_size,
-                               stop=stop_strings(r, self.task), reward=reward)
-
-    def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
+    def _summary(self, final_eval: EvalResult, wall: float) -> dict[str, Any]:
         summary = {
             "run_dir": str(self.run_dir),
             "steps": self.state.step,
             "base_accuracy": self.state.base_eval.get("accuracy"),
-            "final_accuracy": final_eval.get("accuracy"),
+            "final_accuracy": final_eval.metrics.get("accuracy"),
             "base_eval": self.state.base_eval,
-            "final_eval": final_eval,
+            "final_eval": final_eval.metrics,
+            "base_eval_ci": {k: list(v) for k, v in self.state.base_eval_ci.items()},
+            "final_eval_ci": {k: list(v) for k, v in final_eval.intervals.items()},
             "wall_seconds": round(wall, 2),
         }
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=1))

@@ -1,0 +1,87 @@
+"""The evaluation a recipe asks for (``eval:``), shared by training and ``reasonrl eval``.
+
+Greedy accuracy always (overall and per problem form); with ``eval.n > 0`` also n
+samples per problem: avg@n, pass@k, maj@k, response length, token entropy, format
+failures, calibration and the task's own ``group_metrics``. Every headline number
+comes with a bootstrap interval over problems.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from reasonrl.config import ConfigError, Recipe
+from reasonrl.evaluate.accuracy import accuracy_by_form, greedy_outcomes
+from reasonrl.evaluate.metrics import bootstrap_ci
+from reasonrl.evaluate.sampling_eval import evaluate_sampling
+from reasonrl.policy.hf import HFPolicy
+from reasonrl.registry import REWARDS, TASKS
+from reasonrl.rollout.collect import stop_strings
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """95% bootstrap interval of each headline metric, over problems."""
+
+
+def answer_extractor(reward_name: str) -> Callable[[str], str | None]:
+    """How answers are read for majority voting: the reward's own extraction."""
+    if reward_name == "math_verify":
+        from reasonrl.rewards.math import extract_prediction
+
+        return extract_prediction
+    from reasonrl.rewards.basic import extract_answer
+
+    return extract_answer
+
+
+class Evaluator:
+    def __init__(self, recipe: Recipe, train_task: Any) -> None:
+        cfg = recipe.eval
+        self.cfg = cfg
+        if cfg.task is not None:
+            try:
+                self.task = TASKS.get(cfg.task.name)(**cfg.task.params)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"eval.task '{cfg.task.name}': {exc}") from None
+        else:
+            self.task = train_task
+        try:
+            self.problems = self.task.eval_problems(cfg.size) if cfg.size else []
+        except ValueError as exc:
+            raise ConfigError(f"eval: {exc}") from None
+        self.reward = REWARDS.get(cfg.reward)
+        self.extract = answer_extractor(cfg.reward)
+        self.stop = stop_strings(recipe, self.task)
+        self.budget = cfg.max_new_tokens or recipe.rollout.max_new_tokens
+        self.ks = sorted(set(cfg.k or [1, cfg.n])) if cfg.n else []
+
+    def is_correct(self, text: str, problem) -> bool:
+        return self.reward(text, problem) == 1.0
+
+    def sampled(self, policy: HFPolicy, greedy: bool = True,
+                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """The full n-sample result, per-problem rows included (what ``reasonrl eval`` saves)."""
+        return evaluate_sampling(policy, self.problems, is_correct=self.is_correct, extract=self.extract,
+                                 n=self.cfg.n, ks=self.ks, max_new_tokens=self.budget,
+                                 temperature=self.cfg.temperature, seed=self.cfg.seed, stop=self.stop,
+                                 batch_size=self.cfg.batch_size, greedy=greedy,
+                                 group_metrics=getattr(self.task, "group_metrics", None), progress=progress)
+
+    def __call__(self, policy: HFPolicy) -> EvalResult:
+        if not self.problems:
+            return EvalResult({})
+        correct = greedy_outcomes(policy, self.problems, self.budget, self.cfg.batch_size, self.stop, self.reward)
+        result = EvalResult(accuracy_by_form(correct, self.problems),
+                            {"accuracy": bootstrap_ci([float(c) for c in correct])})
+        if self.cfg.n:
+            for name, value in self.sampled(policy, greedy=False)["metrics"].items():
+                if isinstance(value, dict):
+                    result.metrics[name] = value["mean"]
+                    result.intervals[name] = (value["ci_low"], value["ci_high"])
+                else:
+                    result.metrics[name] = value
+        return result
