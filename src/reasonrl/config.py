@@ -153,22 +153,83 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     size: int = 200
-    """Held-out problems scored greedily before and after training."""
+    """Held-out problems scored before and after training (and every ``every`` steps)."""
     every: int = 0
     """Also evaluate every N steps (0 = only before and after)."""
+    task: Component | None = None
+    """Evaluate on this task's held-out problems (``{name: gsm8k, ...}``); default: the training task's."""
+    n: int = 0
+    """Samples per problem for avg@n, pass@k, maj@k, entropy and calibration (0 = greedy accuracy only)."""
+    k: list[int] | int = field(default_factory=list)
+    """With ``n``: the k (or list of k) of pass@k and maj@k (default: 1 and n)."""
+    temperature: float = 1.0
+    """Sampling temperature of the ``n`` samples (greedy accuracy is always at 0)."""
+    seed: int = 0
+    """Seed of the evaluation samples: every evaluation of a run sees the same random stream."""
     max_new_tokens: int | None = None
     """Token budget for evaluation; defaults to rollout.max_new_tokens."""
     reward: str = "exact_answer"
     """The reward whose value 1 counts as correct (e.g. ``math_verify`` for free-form answers)."""
     batch_size: int = 256
-    """Problems decoded together (lower it for large models)."""
+    """Sequences decoded together (lower it for large models)."""
 
 
 @dataclass
 class LogConfig:
-    tensorboard: bool = False
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = field(default_factory=list)
+    """Experiment trackers that receive every metric row (each an optional extra of the same name)."""
+    experiment: str = "reasonrl"
+    """MLflow experiment / wandb project the run is logged under."""
+    mlflow_tracking_uri: str | None = None
+    """Default: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<output folder>/mlflow.db``."""
     plots: bool = True
     progress: bool = True
+
+
+@dataclass
+class TeacherConfig:
+    """A teacher that scores the student's rollouts token by token (Residual Advantage);
+    with ``update: true`` it co-evolves through a LoRA adapter (CoRA). It must share the
+    student's tokenizer vocabulary. See docs/methods/residual_advantage.md."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The teacher's own model section (``backend: tiny`` or ``hf``); put its adapter in ``teacher.lora``."""
+    lora: LoraConfig | None = None
+    """CoRA: the LoRA adapter trained on the teacher (needs ``update: true``)."""
+    update: bool = False
+    """CoRA on: after each student step, one gradient step on the teacher's adapter with the verifier advantages."""
+    lr: float = 1e-4
+    """Learning rate of the teacher's AdamW (CoRA)."""
+    clip: float | None = None
+    """PPO-style clip ε of the teacher's ratio against the teacher that annotated the batch (active with epochs > 1)."""
+    epochs: int = 1
+    """Teacher gradient steps per batch (CoRA)."""
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 64
+    """Sequences per teacher forward (annotation and update); does not change the maths."""
+    top_k: int | None = None
+    """Compute the state value V(s) over the union of the student's and teacher's top-k tokens (default: full vocabulary)."""
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"teacher: {msg}")
+
+        need(self.model.lora is None, "put the teacher's adapter in 'teacher.lora', not 'teacher.model.lora'")
+        need(not self.update or self.lora is not None, "'teacher.update: true' (CoRA) needs 'teacher.lora' (the adapter it trains)")
+        need(self.lora is None or self.update, "'teacher.lora' is only trained with 'teacher.update: true'; without it the adapter is the identity")
+        need(self.lr > 0, f"'teacher.lr' must be > 0, got {self.lr}")
+        need(self.clip is None or self.clip > 0, f"'teacher.clip' must be > 0, got {self.clip}")
+        need(self.epochs >= 1, f"'teacher.epochs' must be >= 1, got {self.epochs}")
+        need(self.micro_batch_size >= 1, f"'teacher.micro_batch_size' must be >= 1, got {self.micro_batch_size}")
+        need(self.top_k is None or self.top_k >= 1, f"'teacher.top_k' must be >= 1, got {self.top_k}")
+        need(self.model.backend != "hf" or bool(self.model.path), "'teacher.model.path' is required with backend: hf")
+        if self.model.tiny:
+            from reasonrl.policy.tiny import TinySpec
+
+            known = [f.name for f in dataclasses.fields(TinySpec)]
+            for k in self.model.tiny:
+                need(k in known, f"unknown key 'teacher.model.tiny.{k}'; allowed: {', '.join(known)}.{closest_match_hint(k, known)}")
 
 
 @dataclass
@@ -187,6 +248,8 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    teacher: TeacherConfig | None = None
+    """A teacher model for token-level credit (``advantage: {name: residual}``; CoRA with ``teacher.update``)."""
     output_dir: str = "runs"
     run_name: str | None = None
 
@@ -202,6 +265,7 @@ _COMPONENT_REGISTRIES = {
     "token_reward": registry.TOKEN_REWARDS,
     "selection": registry.SELECTORS,
     "advantage": registry.ADVANTAGES,
+    "eval.task": registry.TASKS,
 }
 
 
@@ -299,6 +363,7 @@ _PIPELINE_ARGS = {
     "token_reward": {"completion", "problem"},
     "selection": {"batch", "step", "total_steps"},
     "task": {"name"},
+    "eval.task": {"name"},
 }
 
 
@@ -407,7 +472,14 @@ def _check_semantics(r: Recipe, where: str) -> None:
         need(getattr(r.loss, key) is None or key in accepted,
              f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: "
              f"{', '.join(k for k in ('epsilon', 'epsilon_high', 'dual_clip') if k in accepted)})")
-    _registered(registry.REWARDS, r.eval.reward, where, "eval.reward")
+    eval_reward = _registered(registry.REWARDS, r.eval.reward, where, "eval.reward")
+    need(not getattr(eval_reward, "group_reward", False),
+         f"eval.reward '{r.eval.reward}' scores groups, not single answers; use a per-answer reward")
+    need(r.eval.n >= 0 and r.eval.every >= 0 and r.eval.size >= 0, "eval.n, eval.every and eval.size must be >= 0")
+    if isinstance(r.eval.k, int):
+        r.eval.k = [r.eval.k]
+    need(all(1 <= k <= r.eval.n for k in r.eval.k),
+         f"eval.k must lie in 1..eval.n (n={r.eval.n}); got {r.eval.k}")
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), f"rewards: each reward function may appear once, got {names}")
     need(bool(names), "rewards: at least one reward function is required")
