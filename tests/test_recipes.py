@@ -22,6 +22,8 @@ def test_the_issue_recipes_exist():
 @pytest.mark.parametrize("path", TINY, ids=lambda p: p.stem)
 def test_recipe_runs(path, tmp_path):
     overrides = [f"model.tiny.{k}={v}" for k, v in MINI_TINY.items()]
+    if load_recipe(path).teacher is not None:  # a mini teacher too, not the 1500-step one
+        overrides += [f"teacher.model.tiny.{k}={v}" for k, v in MINI_TINY.items()]
     overrides += ["train.steps=2", "train.prompts_per_step=4", "eval.size=8", "log.plots=false",
                   "log.progress=false", "rollout.max_sampling_rounds=1"]
     recipe = load_recipe(path, overrides)

@@ -1,4 +1,4 @@
-"""``reasonrl`` command line: train, quickstart.
+"""``reasonrl`` command line: train, eval, report, quickstart.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data), 1 anything else.
 """
@@ -98,6 +98,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from reasonrl.evaluate.report import ReportError, write_report
+
+    try:
+        out = write_report(args.runs, args.output, title=args.title,
+                           warn=lambda w: print(f"warning: {w}", file=sys.stderr))
+    except ReportError as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"report in {out} (plots in {out.parent / (out.stem + '_files')})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("-o", "--output", default="eval.json")
     ev.set_defaults(func=cmd_eval)
+
+    rep = sub.add_parser("report", help="one self-contained HTML file comparing runs (curves, final eval, recipe diff)")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    rep.add_argument("-o", "--output", default="report.html")
+    rep.add_argument("--title")
+    rep.set_defaults(func=cmd_report)
 
     quick = sub.add_parser("quickstart", help="warm up the embedded model, train it with GRPO, compare")
     quick.add_argument("--seed", type=int, default=0)

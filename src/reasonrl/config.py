@@ -472,6 +472,9 @@ def _check_semantics(r: Recipe, where: str) -> None:
         need(getattr(r.loss, key) is None or key in accepted,
              f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: "
              f"{', '.join(k for k in ('epsilon', 'epsilon_high', 'dual_clip') if k in accepted)})")
+    need(r.advantage.name != "residual" or r.teacher is not None,
+         "advantage 'residual' needs a `teacher:` section in the recipe")
+    need(r.teacher is None or r.advantage.name == "residual", "a `teacher:` section is used only by advantage 'residual'")
     eval_reward = _registered(registry.REWARDS, r.eval.reward, where, "eval.reward")
     need(not getattr(eval_reward, "group_reward", False),
          f"eval.reward '{r.eval.reward}' scores groups, not single answers; use a per-answer reward")

@@ -28,6 +28,7 @@ def format_table(summary: dict) -> str:
 
 
 def quickstart(seed: int = 0, output: str = "runs/quickstart", overrides: list[str] | None = None) -> dict:
+    from reasonrl.evaluate.report import write_report
     from reasonrl.train.trainer import Trainer
 
     recipe = load_recipe(QUICKSTART_RECIPE, [f"train.seed={seed}", *(overrides or [])])
@@ -38,6 +39,8 @@ def quickstart(seed: int = 0, output: str = "runs/quickstart", overrides: list[s
         shutil.rmtree(run_dir)
     print(f"reasonrl quickstart: GRPO on the embedded arithmetic task (seed {seed}) -> {run_dir}", file=sys.stderr)
     summary = Trainer(recipe, run_dir).run()
+    report = write_report([run_dir], run_dir / "report.html", title=f"reasonrl quickstart (seed {seed})")
     print(format_table(summary))
     print(f"\nwall time {summary['wall_seconds']:.0f}s; metrics, plots and the trained model in {run_dir}")
+    print(f"report: {report}")
     return summary

@@ -5,3 +5,7 @@ Importing this package registers the estimators and losses in
 """
 
 from reasonrl.algos import advantages, kl, losses, masked, overlong, selection  # noqa: F401  (registration)
+from reasonrl.algos import residual  # noqa: F401  (registration: Residual Advantage)
+from reasonrl.algos import bag_of_tokens  # noqa: F401  (registers "bot_grpo")
+from reasonrl.algos import dropout  # noqa: F401  (registration: GRPODropout selector + advantage)
+from reasonrl.algos import witness  # noqa: F401  (registers the "mwrl" advantage)

@@ -22,12 +22,17 @@ class MetricsWriter:
         self._trackers = trackers or []
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        row = {"step": step, **{k: finite_or_none(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         scalars = {k: float(v) for k, v in row.items()
                    if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        for tracker in self._trackers:
-            tracker.log(step, scalars)
+        for tracker in list(self._trackers):
+            try:
+                tracker.log(step, scalars)
+            except Exception as exc:  # noqa: BLE001 — a tracker outage must not kill the run
+                self._trackers.remove(tracker)
+                print(f"warning: {type(tracker).__name__} failed ({type(exc).__name__}: {exc}); it receives "
+                      "no more metrics in this run (metrics.jsonl is complete)", file=sys.stderr)
 
     def close(self) -> None:
         self._file.close()
@@ -46,7 +51,8 @@ def _logged_before(line: str, checkpoint_step: int) -> bool:
     return step < checkpoint_step or (step == checkpoint_step and "reward/mean" in row)
 
 
-def _clean(value: Any) -> Any:
+def finite_or_none(value: Any) -> Any:
+    """NaN/inf become None: JSON has no NaN, and a missing value is what they mean."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value

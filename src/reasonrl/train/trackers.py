@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,12 +84,17 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(self._mlflow.utils.time.get_current_time_millis())
-        # MLflow metric names may not contain some characters; '@' (pass@8) is fine, spaces are not.
-        metrics = [Metric(key.replace(" ", "_"), float(v), now, step) for key, v in scalars.items()]
+        metrics = [Metric(mlflow_metric_name(key), float(v), now, step) for key, v in scalars.items()]
         self._client.log_batch(self.run_id, metrics=metrics)
 
     def close(self) -> None:
         self._client.set_terminated(self.run_id)
+
+
+def mlflow_metric_name(key: str) -> str:
+    """MLflow allows only alphanumerics and ``_ - . space : /`` in metric names:
+    ``eval/pass@8`` → ``eval/pass_at_8``, ``eval/accuracy[(a+b)*c]`` → ``eval/accuracy._a_b_c_``."""
+    return re.sub(r"[^\w\-. :/]", "_", key.replace("@", "_at_").replace("[", "."))
 
 
 class WandbTracker:

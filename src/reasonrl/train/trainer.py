@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from reasonrl.algos.kl import apply_kl_to_rewards
+from reasonrl.algos.masked import masked_mean
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, Recipe
 from reasonrl.evaluate.evaluator import EvalResult, Evaluator
@@ -34,10 +35,11 @@ from reasonrl.rewards.scorer import RewardSpec, Scorer
 from reasonrl.rewards.token_level import dense_token_rewards
 from reasonrl.rollout.collect import collect
 from reasonrl.train import checkpoint as ckpt
-from reasonrl.train.metrics import MetricsWriter, read_metrics
+from reasonrl.train.metrics import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.trackers import check_trackers, open_trackers
 from reasonrl.train.objective import Totals, batch_logprobs, loss_mask, micro_batch_loss
 from reasonrl.train.progress import Progress
+from reasonrl.train.teacher import Teacher
 
 RECIPE_FILE = "recipe.json"
 
@@ -116,6 +118,7 @@ class Trainer:
         self.policy = build_policy(r.model, log=self.log)
         # The reference model exists only when a KL term uses it.
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
+        self.teacher = Teacher(r.teacher, self.policy, log=self.log) if r.teacher is not None else None
         params = list(self.policy.parameters())
         # The fused kernel is ~4x faster than the per-tensor loop on CPU (benchmarks/vs_trl.py).
         self.optimizer = torch.optim.AdamW(params, lr=r.optim.lr, betas=r.optim.betas,
@@ -131,6 +134,7 @@ class Trainer:
             "rng": ckpt.rng_state(self.generator),
             "train_state": self.state.__dict__.copy(),
             "recipe": self.recipe.to_dict(),
+            "teacher": self.teacher.state_dict() if self.teacher is not None else {},
         }
 
     def _restore(self) -> None:
@@ -139,6 +143,8 @@ class Trainer:
         self.scheduler.load_state_dict(saved["scheduler"])
         ckpt.restore_rng(saved["rng"], self.generator)
         self.state = TrainState(**saved["train_state"])
+        if self.teacher is not None:
+            self.teacher.load_state_dict(saved.get("teacher", {}))
         self.log(f"resumed {self.run_dir} at step {self.state.step}")
 
     # -- the loop ------------------------------------------------------------
@@ -215,8 +221,13 @@ class Trainer:
             metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
             return metrics
         with watch("logprob"):
+            if self.teacher is not None:
+                metrics.update(self.teacher.annotate(batch, self.policy, r.rollout.temperature))
             self._prepare_advantages(batch, step)
         metrics.update(self._optimise(batch, watch))
+        if self.teacher is not None and r.teacher.update:
+            with watch("teacher"):  # CoRA: the teacher learns from the same scored batch
+                metrics.update(self.teacher.update(batch, r.rollout.temperature, r.train.share_prompt))
         train_seconds = sum(watch.seconds[k] for k in ("forward", "backward", "optimizer"))
         tokens = float(batch.completion_mask.sum())
         metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / max(train_seconds, 1e-9)
@@ -294,6 +305,9 @@ class Trainer:
             "truncated_fraction": float(sampled.truncated.float().mean()),
             "zero_variance_group_fraction": stats.zero_variance_groups / max(stats.sampled_groups, 1),
             "sampling_rounds": stats.rounds,
+            # Entropy of the sampling distribution estimated over every sampled row, so methods that
+            # train on a subset (GRPODropout) compare fairly with those that do not.
+            "rollout/neg_logprob": float(-masked_mean(sampled.sample_logprobs, sampled.completion_mask)),
         }
         for key, values in sampled.meta.items():
             if key.startswith("reward/"):
@@ -309,8 +323,8 @@ class Trainer:
             "steps": self.state.step,
             "base_accuracy": self.state.base_eval.get("accuracy"),
             "final_accuracy": final_eval.metrics.get("accuracy"),
-            "base_eval": self.state.base_eval,
-            "final_eval": final_eval.metrics,
+            "base_eval": {k: finite_or_none(v) for k, v in self.state.base_eval.items()},
+            "final_eval": {k: finite_or_none(v) for k, v in final_eval.metrics.items()},
             "base_eval_ci": {k: list(v) for k, v in self.state.base_eval_ci.items()},
             "final_eval_ci": {k: list(v) for k, v in final_eval.intervals.items()},
             "wall_seconds": round(wall, 2),

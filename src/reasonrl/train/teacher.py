@@ -1,0 +1,166 @@
+"""The teacher of Residual Advantage (RA) and CoRA: a second model that scores the
+student's rollouts token by token, and (CoRA) learns from the verifier through a LoRA adapter.
+
+Formalised from the spec (paper not available): ``specs/methods-a.md`` §2. The maths is in
+``reasonrl.algos.residual``; this module only runs the models:
+
+- :meth:`Teacher.annotate` (before the advantage stage) forwards the student and the teacher
+  on the completions, without gradients, and writes π_T(y_t|s_t), π_S(y_t|s_t) and the
+  state value V(s_t) to ``batch.aux`` for the ``residual`` advantage;
+- :meth:`Teacher.update` (CoRA, after the student's update) takes one AdamW step on the
+  teacher's adapter with L_T = −(1/Σ_i T_i) Σ_{i,t} A^ver_{i,t} · log π_T(y_{i,t}|s_{i,t}),
+  A^ver the verifier advantage the ``residual`` advantage stored in ``batch.aux``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from reasonrl.algos.losses import aggregate, ppo_clip_loss
+from reasonrl.algos.masked import masked_mean, masked_sum
+from reasonrl.algos.residual import AUX_KEYS, VERIFIER_KEY, residual_statistics
+from reasonrl.batch import RolloutBatch
+from reasonrl.config import TeacherConfig
+from reasonrl.policy.factory import build_policy
+from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
+
+__all__ = ["Teacher", "check_shared_vocabulary", "completion_logits"]
+
+
+def check_shared_vocabulary(student_tokenizer, teacher_tokenizer) -> None:
+    """The teacher scores the student's token ids, so both must mean the same strings by them."""
+    s, t = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if s == t:
+        return
+    differ = sorted({tok for tok in s.keys() | t.keys() if s.get(tok) != t.get(tok)}, key=str)[:5]
+    raise ValueError(
+        f"teacher and student must share one tokenizer vocabulary (the teacher scores the student's token ids): "
+        f"the student has {len(s)} tokens, the teacher {len(t)}; they differ on e.g. "
+        + ", ".join(f"{tok!r} (student id {s.get(tok)}, teacher id {t.get(tok)})" for tok in differ)
+        + ". Choose a teacher.model of the student's model family.")
+
+
+def completion_logits(policy: HFPolicy, batch: RolloutBatch) -> Tensor:
+    """Next-token logits ``[N, T, V]`` at the positions that predict the completion tokens.
+
+    The same forward as ``HFPolicy.token_logprobs`` (LM head only at completion positions),
+    kept whole because RA needs the full distributions, not just the sampled tokens' log-probs.
+    """
+    ids, mask = batch.input_ids, batch.attention_mask
+    out = policy.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                       use_cache=False, logits_to_keep=batch.completion_len + 1)
+    return out.logits[:, :-1]
+
+
+class Teacher:
+    """π_T built from a recipe's ``teacher:`` section, checked against the student's vocabulary."""
+
+    def __init__(self, cfg: TeacherConfig, student: HFPolicy, log: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        # Building an uncached tiny model reseeds and draws from the global RNG; isolate it so a
+        # run (and its adapter's initialisation below) does not depend on what was cached.
+        with torch.random.fork_rng(devices=[]):
+            self.policy = build_policy(dataclasses.replace(cfg.model, lora=None), log=log, trainable=cfg.update)
+        if cfg.lora is not None:
+            from reasonrl.policy.lora import apply_lora
+
+            self.policy.model = apply_lora(self.policy.model, cfg.lora)
+        check_shared_vocabulary(student.tokenizer, self.policy.tokenizer)
+        self.policy.model.to(student.device)
+        self.policy.device = student.device
+        self.optimizer = None
+        if cfg.update:
+            self.optimizer = torch.optim.AdamW(list(self.policy.parameters()), lr=cfg.lr, weight_decay=0.0)
+
+    # -- RA: annotate the batch ---------------------------------------------
+    @torch.no_grad()
+    def annotate(self, batch: RolloutBatch, student: HFPolicy, temperature: float = 1.0,
+                 micro_batch_size: int | None = None) -> dict[str, float]:
+        """Write ``teacher_token_prob``, ``student_token_prob`` and ``student_value`` ([N,T],
+        float32, zero outside the completion mask) to ``batch.aux``; return summary metrics."""
+        parts: dict[str, list[Tensor]] = {k: [] for k in AUX_KEYS}
+        for micro in batch.split(micro_batch_size or self.cfg.micro_batch_size):
+            stats = residual_statistics(completion_logits(student, micro), completion_logits(self.policy, micro),
+                                        micro.completion_ids, micro.completion_mask,
+                                        temperature=temperature, top_k=self.cfg.top_k)
+            for k, v in stats.items():
+                parts[k].append(v)
+        for k, v in parts.items():
+            batch.aux[k] = torch.cat(v)
+        mask = batch.completion_mask
+        reward = batch.aux["teacher_token_prob"] - batch.aux["student_token_prob"]
+        delta = reward - batch.aux["student_value"]
+        return {
+            "teacher/token_prob": float(masked_mean(batch.aux["teacher_token_prob"], mask)),
+            "teacher/student_token_prob": float(masked_mean(batch.aux["student_token_prob"], mask)),
+            "teacher/residual_reward": float(masked_mean(reward, mask)),
+            "teacher/state_value": float(masked_mean(batch.aux["student_value"], mask)),
+            "teacher/abs_delta": float(masked_mean(delta.abs(), mask)),
+        }
+
+    # -- CoRA: learn from the verifier ---------------------------------------
+    def update(self, batch: RolloutBatch, temperature: float = 1.0, share_prompt: bool = True) -> dict[str, float]:
+        """``cfg.epochs`` AdamW steps (default one) on the teacher's adapter with
+        L_T = −(1/Σ T_i) Σ A^ver · log π_T(y_t|s_t) (token-mean), or with ``cfg.clip`` the
+        PPO clipped surrogate of the ratio π_T/π_T,before against the teacher that entered
+        this update (ratio 1 on the first step, so the clip acts from the second epoch)."""
+        if self.optimizer is None:
+            raise RuntimeError("Teacher.update needs 'teacher.update: true' in the recipe (CoRA)")
+        adv = batch.aux.get(VERIFIER_KEY)
+        if adv is None:
+            raise ValueError(f"Teacher.update needs batch.aux['{VERIFIER_KEY}'], written by the 'residual' "
+                             "advantage: set 'advantage: {name: residual}' in the recipe")
+        mask = batch.completion_mask.float()
+        total = max(1.0, float(mask.sum()))
+        micros = batch.split(self.cfg.micro_batch_size)
+        before: list[Tensor] = []
+        self.policy.model.train()
+        sums: dict[str, float] = {"loss": 0.0, "clipped": 0.0}
+        norms = []
+        for epoch in range(self.cfg.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for j, micro in enumerate(micros):
+                m = micro.completion_mask.float()
+                a = micro.aux[VERIFIER_KEY]
+                logp, _ = self.policy.completion_logprobs(
+                    micro.prompt_ids, micro.prompt_mask, micro.completion_ids, micro.completion_mask,
+                    micro.group_ids if share_prompt else None, temperature=temperature)
+                if epoch == 0:
+                    before.append(logp.detach())
+                    sums["loss"] += float(-masked_sum(a * logp.detach(), m)) / total
+                if self.cfg.clip is None:
+                    per_token = torch.where(m.bool(), -a * logp, 0.0)
+                else:
+                    out = ppo_clip_loss(logp, before[j], a, m, epsilon=self.cfg.clip)
+                    per_token = out.loss
+                    sums["clipped"] += float(masked_sum(out.clipped, m)) / total / self.cfg.epochs
+                aggregate(per_token, m, "token-mean", total_tokens=total).backward()
+            params = list(self.policy.parameters())
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)))
+            self.optimizer.step()
+        metrics = {"teacher/loss": sums["loss"], "teacher/grad_norm": sum(norms) / len(norms)}
+        if self.cfg.clip is not None:
+            metrics["teacher/clip_fraction"] = sums["clipped"]
+        return metrics
+
+    # -- checkpoints ---------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What an exact resume of CoRA needs: the adapter and its optimiser (empty for RA)."""
+        if self.optimizer is None:
+            return {}
+        from reasonrl.policy.lora import adapter_state
+
+        return {"adapter": {k: v.detach().clone() for k, v in adapter_state(self.policy.model).items()},
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        from reasonrl.policy.lora import load_adapter_state
+
+        load_adapter_state(self.policy.model, state["adapter"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,134 @@
+"""``log.report_to``: log a short run, read the scalars back through each tool's own
+reader, and compare with ``metrics.jsonl`` (no mocks)."""
+
+import glob
+import json
+import math
+import struct
+
+import pytest
+
+from reasonrl.train.metrics import read_metrics
+from reasonrl.train.trackers import mlflow_metric_name
+from reasonrl.train.trainer import Trainer
+
+from helpers import mini_recipe
+
+
+def _jsonl_series(run_dir, key):
+    return [(r["step"], r[key]) for r in read_metrics(run_dir) if isinstance(r.get(key), (int, float))]
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    root = tmp_path_factory.mktemp("tracked")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        recipe = mini_recipe(log={"report_to": ["tensorboard", "mlflow", "wandb"], "experiment": "trackers-test",
+                                  "plots": False, "progress": False}, eval={"size": 8, "every": 2})
+        run = root / "run"
+        Trainer(recipe, run, log=lambda _: None).run()
+    return run
+
+
+KEYS = ["reward/mean", "loss", "entropy", "eval/accuracy", "perf/step_s"]
+
+
+def keys(run_dir):
+    """KEYS plus one per-form accuracy, whose name ('eval/accuracy[a+b*c]') MLflow does not allow as is."""
+    per_form = sorted(k for r in read_metrics(run_dir) for k in r if k.startswith("eval/accuracy["))
+    return KEYS + per_form[:1]
+
+
+def test_tensorboard_event_files_hold_the_same_scalars(tracked_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tracked_run / "tensorboard"))
+    acc.Reload()
+    for key in keys(tracked_run):
+        read = [(e.step, e.value) for e in acc.Scalars(key)]
+        expected = _jsonl_series(tracked_run, key)
+        assert [s for s, _ in read] == [s for s, _ in expected], key
+        # event files store float32
+        assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7) for (_, a), (_, b) in zip(read, expected)), key
+
+
+def test_mlflow_store_holds_the_same_scalars_and_the_recipe(tracked_run):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tracked_run.parent / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = json.loads((tracked_run / "trackers.json").read_text())["mlflow"]
+    run = client.get_run(run_id)
+    assert run.info.run_name == "run" and run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "trackers-test"
+    assert run.data.params["optim.lr"] == str(json.loads((tracked_run / "recipe.json").read_text())["optim"]["lr"])
+    for key in keys(tracked_run):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, mlflow_metric_name(key)))
+        expected = _jsonl_series(tracked_run, key)
+        assert [s for s, _ in history] == [s for s, _ in expected], key
+        assert [v for _, v in history] == pytest.approx([v for _, v in expected]), key
+
+
+def read_wandb_history(path):
+    """History rows of a wandb offline ``.wandb`` file: a LevelDB-style log of 32 KiB
+    blocks whose records (7-byte header: crc32, length, type) hold protobuf ``Record``s."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw = open(path, "rb").read()
+    assert raw[:4] == b":W&B", "not a wandb data file"
+    pos, block, records, pending = 7, 32768, [], b""
+    while pos + 7 <= len(raw):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        data = raw[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:
+            break
+        if kind == 1:  # FULL
+            records.append(data)
+        elif kind == 2:  # FIRST
+            pending = data
+        elif kind == 3:  # MIDDLE
+            pending += data
+        elif kind == 4:  # LAST
+            records.append(pending + data)
+    rows = []
+    for data in records:
+        record = pb.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+    return rows
+
+
+def test_wandb_offline_run_holds_the_same_scalars(tracked_run):
+    files = glob.glob(str(tracked_run / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert len(files) == 1
+    history = read_wandb_history(files[0])
+    for key in keys(tracked_run):
+        read = [(row["_step"], row[key]) for row in history if key in row]
+        expected = _jsonl_series(tracked_run, key)
+        assert [s for s, _ in read] == [s for s, _ in expected], key
+        assert [v for _, v in read] == pytest.approx([v for _, v in expected]), key
+
+
+def test_missing_extra_fails_before_the_run_folder_exists(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from reasonrl.cli import main
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # makes `import mlflow` raise ImportError
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {backend: tiny, tiny: {hidden_size: 16, num_layers: 1, num_heads: 1, "
+                      "intermediate_size: 16, warmup_steps: 1}}\nlog: {report_to: [mlflow]}\n")
+    code = main(["train", str(recipe), "-o", str(tmp_path / "run")])
+    assert code == 2 and "pip install 'reasonrl[mlflow]'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
