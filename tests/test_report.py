@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from reasonrl.cli import main
-from reasonrl.evaluate.report import differing_keys, flatten, group_runs, load_run, write_report
+from reasonrl.config import flatten
+from reasonrl.evaluate.report import differing_keys, group_runs, load_run, write_report
 from reasonrl.train.trainer import Trainer
 
 from helpers import mini_recipe

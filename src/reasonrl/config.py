@@ -494,6 +494,20 @@ def _check_semantics(r: Recipe, where: str) -> None:
             need(k in known, f"unknown key 'model.tiny.{k}'; allowed: {', '.join(known)}.{closest_match_hint(k, known)}")
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A plain recipe as dotted keys: {"optim": {"lr": 1e-4}} → {"optim.lr": 1e-4}. Lists stay
+    whole values. Used wherever recipes are compared or logged as flat parameters."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _to_plain(obj: Any) -> Any:
     if isinstance(obj, Component):
         out = {"name": obj.name, **copy.deepcopy(obj.params)}

@@ -27,15 +27,16 @@ class EvalResult:
     """95% bootstrap interval of each headline metric, over problems."""
 
 
-def answer_extractor(reward_name: str) -> Callable[[str], str | None]:
-    """How answers are read for majority voting: the reward's own extraction."""
+def answer_extractor(reward_name: str, task: Any = None) -> Callable[[str, Any], str | None]:
+    """How answers are read for majority voting and format failures: the task's own
+    ``extract_answer(text, problem)`` if it has one, else the reward's extraction."""
+    if hasattr(task, "extract_answer"):
+        return task.extract_answer
     if reward_name == "math_verify":
-        from reasonrl.rewards.math import extract_prediction
-
-        return extract_prediction
-    from reasonrl.rewards.basic import extract_answer
-
-    return extract_answer
+        from reasonrl.rewards.math import extract_prediction as extract
+    else:
+        from reasonrl.rewards.basic import extract_answer as extract
+    return lambda text, _problem: extract(text)
 
 
 class Evaluator:
@@ -54,7 +55,7 @@ class Evaluator:
         except ValueError as exc:
             raise ConfigError(f"eval: {exc}") from None
         self.reward = REWARDS.get(cfg.reward)
-        self.extract = answer_extractor(cfg.reward)
+        self.extract = answer_extractor(cfg.reward, self.task)
         self.stop = stop_strings(recipe, self.task)
         self.budget = cfg.max_new_tokens or recipe.rollout.max_new_tokens
         self.ks = sorted(set(cfg.k or [1, cfg.n])) if cfg.n else []

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reasonrl.config import flatten
 from reasonrl.evaluate.plots import PANELS, Series, plot_panel
 from reasonrl.fsutil import atomic_write_text
 
@@ -48,19 +49,6 @@ class Run:
     @property
     def last_step(self) -> int:
         return max((r.get("step", 0) for r in self.rows), default=0)
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} → {"a.b": 1}; lists are kept whole (shown as JSON)."""
-    if not isinstance(tree, dict):
-        return {prefix.rstrip("."): tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def load_run(path: Path) -> Run:

@@ -33,7 +33,7 @@ def stated_confidence(text: str) -> float | None:
 
 
 def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: Callable[[str, Problem], bool],
-                      extract: Callable[[str], str | None], n: int, ks: list[int], max_new_tokens: int,
+                      extract: Callable[[str, Problem], str | None], n: int, ks: list[int], max_new_tokens: int,
                       temperature: float = 1.0, seed: int = 0, stop: list[str] | None = None,
                       batch_size: int = 32, greedy: bool = True,
                       group_metrics: Callable[[Problem, list[str]], dict[str, float]] | None = None,
@@ -60,7 +60,7 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
         for i, problem in enumerate(chunk):
             span = slice(i * n, (i + 1) * n)
             texts = sampled.texts[span]
-            answers = [extract(t) for t in texts]
+            answers = [extract(t, problem) for t in texts]
             correct = [bool(is_correct(t, problem)) for t in texts]
             winner = majority_answer(answers)
             row = {

@@ -245,6 +245,12 @@ class MinimalWitnessTask:
             out.append(self.problem(values, target, render_proposal(values, frozenset(chosen))))
         return out
 
+    def extract_answer(self, completion: str, problem: Problem) -> str | None:
+        """The proposal in canonical form (items in prompt order), for majority voting; None if malformed."""
+        values, _ = _instance(problem)
+        chosen = parse_proposal(completion, values)
+        return render_proposal(values, chosen) if chosen is not None else None
+
     def group_metrics(self, problem: Problem, completions: list[str]) -> dict[str, float]:
         """Quality of n samples for one problem: ``witness_recall`` (share of the problem's
         minimal witnesses among the distinct minimal proposals), ``distinct_minimal``,

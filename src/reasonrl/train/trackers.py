@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Protocol
 
+from reasonrl.config import flatten
 from reasonrl.fsutil import atomic_write_text
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
@@ -122,17 +123,6 @@ def check_trackers(names: list[str]) -> None:
         _require(name, name)
 
 
-def flat_params(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"optim": {"lr": 1e-4}} → {"optim.lr": 1e-4}; lists stay whole values."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(flat_params(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def open_trackers(names: list[str], run_dir: Path, *, run_name: str, experiment: str,
                   mlflow_tracking_uri: str | None, config: dict[str, Any],
                   resume_step: int | None) -> list[Tracker]:
@@ -144,7 +134,7 @@ def open_trackers(names: list[str], run_dir: Path, *, run_name: str, experiment:
             trackers.append(TensorBoardTracker(run_dir, resume_step))
         elif name == "mlflow":
             trackers.append(MlflowTracker(run_dir, run_name, experiment, mlflow_tracking_uri,
-                                          flat_params(config), ids.get("mlflow")))
+                                          flatten(config), ids.get("mlflow")))
         elif name == "wandb":
             trackers.append(WandbTracker(run_dir, run_name, experiment, config, ids.get("wandb")))
         else:
