@@ -386,6 +386,13 @@ def _check_params(fn: Any, params: dict[str, Any], where: str, key: str, section
         if p not in accepted:
             raise ConfigError(f"{where}: unknown parameter '{key}.{p}'; allowed: {', '.join(accepted) or '(none)'}."
                               f"{closest_match_hint(p, accepted)}")
+    # A component may check its parameters' values itself, so a bad value fails at load time.
+    check = getattr(fn, "check_params", None)
+    if check is not None:
+        try:
+            check(**params)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {key}: {exc}") from None
 
 
 def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:

@@ -6,4 +6,5 @@ from reasonrl.tasks import gsm8k  # noqa: F401  (registers "gsm8k")
 from reasonrl.tasks import dataset  # noqa: F401  (registers "dataset")
 # reasoning-gym itself is imported only when the task is built, so this never fails.
 from reasonrl.tasks import reasoning_gym  # noqa: F401  (registers "reasoning_gym" and its reward)
+from reasonrl.tasks import multilabel  # noqa: F401  (registers "multilabel")
 from reasonrl.tasks import witness  # noqa: F401  (registers "minimal_witness" and its rewards)

@@ -18,12 +18,11 @@ text, so the held-out set never overlaps any training prompt.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 
 from reasonrl.registry import TASKS
-from reasonrl.tasks.base import Problem
+from reasonrl.tasks.base import Problem, in_eval_split
 
 FORMS = ("a+b*c", "c*b+a", "(a+b)*c", "c*(a+b)")
 BRACKETED = {"(a+b)*c", "c*(a+b)"}
@@ -64,11 +63,6 @@ def true_answer(form: str, a: int, b: int, c: int) -> int:
     return eval(render(form, a, b, c))  # the expression is generated here, never user input
 
 
-def _is_eval(text: str, eval_fraction: float) -> bool:
-    digest = hashlib.sha256(text.encode()).digest()
-    return int.from_bytes(digest[:4], "big") / 2**32 < eval_fraction
-
-
 @TASKS.register("arithmetic")
 @dataclass
 class ArithmeticTask:
@@ -104,7 +98,7 @@ class ArithmeticTask:
         ]
         self._train, self._eval = [], []
         for key in space:
-            (self._eval if _is_eval(render(*key), self.eval_fraction) else self._train).append(key)
+            (self._eval if in_eval_split(render(*key), self.eval_fraction) else self._train).append(key)
         if "{expr}" not in self.template:
             raise ValueError(f"task.template must contain {{expr}}, got {self.template!r}")
         if not 0 <= self.few_shot < len(self._train):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,3 +25,10 @@ class Task(Protocol):
 
     def eval_problems(self, count: int) -> list[Problem]:
         """A fixed held-out set that never overlaps the training problems."""
+
+
+def in_eval_split(text: str, eval_fraction: float) -> bool:
+    """Stable train/eval assignment by a hash of the problem's text: the held-out set
+    never overlaps training, on every machine and in every Python process."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < eval_fraction

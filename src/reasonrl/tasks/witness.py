@@ -33,7 +33,6 @@ Train/eval split: every problem goes to a split by a stable hash of its prompt.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from reasonrl.registry import REWARDS, TASKS
-from reasonrl.tasks.base import Problem
+from reasonrl.tasks.base import Problem, in_eval_split
 
 ALPHABET = "0123456789,+>;"
 PROPOSAL_RE = re.compile(r"^\d+(?:\+\d+)*$")
@@ -151,11 +150,6 @@ def witness_minimal(completion: str, problem: Problem, **_) -> float:
 
 # -- the task ---------------------------------------------------------------------------
 
-def _is_eval(text: str, eval_fraction: float) -> bool:
-    digest = hashlib.sha256(text.encode()).digest()
-    return int.from_bytes(digest[:4], "big") / 2**32 < eval_fraction
-
-
 @TASKS.register("minimal_witness")
 @dataclass
 class MinimalWitnessTask:
@@ -198,7 +192,7 @@ class MinimalWitnessTask:
                 for target in range(max(values) + 1, sum(values) + 1):
                     if self.min_witnesses <= len(minimal_witnesses(values, target)) <= self.max_witnesses:
                         key = (values, target)
-                        split = self._eval if _is_eval(render_prompt(*key), self.eval_fraction) else self._train
+                        split = self._eval if in_eval_split(render_prompt(*key), self.eval_fraction) else self._train
                         split.append(key)
         if not self._train or not self._eval:
             raise ValueError("task 'minimal_witness' produced an empty split; widen the item or witness ranges")
