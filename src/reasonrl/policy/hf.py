@@ -186,28 +186,25 @@ class HFPolicy:
         Only the ``completion_len`` positions that predict completion tokens go
         through the LM head (``logits_to_keep``), never the prompt.
         """
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-            logits_to_keep=completion_len + 1,
-        )
-        logits = out.logits[:, :-1]
-        targets = input_ids[:, -completion_len:]
-        return token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
+        logits = self._tail_logits(input_ids, attention_mask, completion_len)
+        return token_logprobs_and_entropy(logits, input_ids[:, -completion_len:], temperature, with_entropy)
 
-    def completion_logprobs(
+    def _tail_logits(self, input_ids: Tensor, attention_mask: Tensor, length: int) -> Tensor:
+        """Logits of the ``length`` positions that predict the last ``length`` tokens."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                         logits_to_keep=length + 1)
+        return out.logits[:, :-1]
+
+    def completion_logits(
         self,
         prompt_ids: Tensor,
         prompt_mask: Tensor,
         completion_ids: Tensor,
         completion_mask: Tensor,
         group_ids: Tensor | None = None,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (and entropies) of the completion tokens, with gradients.
+    ) -> Tensor:
+        """Next-token logits ``[N, T, V]`` at the positions that predict the completion tokens.
 
         With ``group_ids`` (rows of one group share their prompt), each distinct prompt
         runs through the model once and its KV cache is expanded to the group's rows,
@@ -233,11 +230,25 @@ class HFPolicy:
                 rest = self.model(input_ids=completion_ids, attention_mask=mask, position_ids=c_pos, cache=cache,
                                   use_cache=True, logits_to_keep=t)
                 # The prompt's last position predicts the first completion token.
-                logits = torch.cat([out.logits[inverse, -1:], rest.logits[:, :-1]], dim=1)
-                return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
+                return torch.cat([out.logits[inverse, -1:], rest.logits[:, :-1]], dim=1)
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-        return self.token_logprobs(input_ids, attention, t, temperature, with_entropy)
+        return self._tail_logits(input_ids, attention, t)
+
+    def completion_logprobs(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+        group_ids: Tensor | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) of the completion tokens, with gradients (see
+        :meth:`completion_logits` for the shared-prompt path)."""
+        logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids)
+        return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
 
     # -- weights ----------------------------------------------------------
     def save(self, path: str | Path) -> None:

@@ -26,7 +26,7 @@ from reasonrl.algos.residual import AUX_KEYS, VERIFIER_KEY, residual_statistics
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import TeacherConfig
 from reasonrl.policy.factory import build_policy
-from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
+from reasonrl.policy.hf import HFPolicy
 
 __all__ = ["Teacher", "check_shared_vocabulary", "completion_logits"]
 
@@ -45,15 +45,10 @@ def check_shared_vocabulary(student_tokenizer, teacher_tokenizer) -> None:
 
 
 def completion_logits(policy: HFPolicy, batch: RolloutBatch) -> Tensor:
-    """Next-token logits ``[N, T, V]`` at the positions that predict the completion tokens.
-
-    The same forward as ``HFPolicy.token_logprobs`` (LM head only at completion positions),
-    kept whole because RA needs the full distributions, not just the sampled tokens' log-probs.
-    """
-    ids, mask = batch.input_ids, batch.attention_mask
-    out = policy.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                       use_cache=False, logits_to_keep=batch.completion_len + 1)
-    return out.logits[:, :-1]
+    """Next-token logits ``[N, T, V]`` at the completion positions, each group's prompt run
+    once: RA needs the full distributions, not just the sampled tokens' log-probs."""
+    return policy.completion_logits(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                    batch.completion_mask, batch.group_ids)
 
 
 class Teacher:
