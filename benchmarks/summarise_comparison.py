@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/summarise_comparison.py runs/compare grpo grpo_dropout bot_grpo ...
 
-For each run group (``<name>-s<seed>``) it prints mean ± sd over seeds of the final
-held-out metrics and of training-curve statistics that the issue's claims are about:
+For each run group (``<name>-s<seed>``) it prints the held-out metrics before training →
+their final mean ± sd over seeds and of training-curve statistics that the issue's claims are about:
 entropy late in training, rollouts used per update, the first step at which held-out
 accuracy reaches a threshold.
 """
@@ -44,7 +44,8 @@ def summarise(root: Path, group: str, final_keys: list[str], threshold: float) -
     rows = [read_metrics(p) for p in runs]
     out = {"runs": str(len(runs))}
     for key in final_keys:
-        out[key] = _mean_sd([f["final_eval"].get(key) for f in finals])
+        before = _mean_sd([f["base_eval"].get(key) for f in finals]).split(" ± ")[0]
+        out[key] = f"{before} → {_mean_sd([f['final_eval'].get(key) for f in finals])}"
     out["entropy (last 100 steps)"] = _mean_sd([_late_mean(r, "entropy") for r in rows])
     out["sampling −log p (last 100)"] = _mean_sd([_late_mean(r, "rollout/neg_logprob") for r in rows])
     out["rows per update"] = _mean_sd([_late_mean(r, "train/rows", last=10**9) for r in rows])

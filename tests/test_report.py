@@ -40,7 +40,8 @@ def test_report_of_two_runs_has_both_names_every_plot_and_the_recipe_diff(runs, 
     assert "grpo-s0" in page and "rloo-s0" in page
     images = _images(page)
     # every standard panel is logged by the rloo run (kl because its coef > 0), embedded and written as a PNG
-    for panel in ("reward", "accuracy", "entropy", "kl", "response_length", "clip_fraction", "throughput"):
+    for panel in ("reward", "accuracy", "entropy", "kl", "response_length", "clip_fraction", "sampling_throughput",
+                  "training_throughput"):
         assert panel in images and len(images[panel]) > 2000
         assert (tmp_path / "cmp_files" / f"{panel}.png").stat().st_size > 1000
     assert "http://" not in page and "https://" not in page  # opens offline

@@ -18,7 +18,8 @@ PANELS: dict[str, list[str]] = {
     "kl": ["kl"],
     "response_length": ["response_length/mean"],
     "clip_fraction": ["clip_fraction"],
-    "throughput": ["perf/sample_tokens_per_s", "perf/train_tokens_per_s"],
+    "sampling_throughput": ["perf/sample_tokens_per_s"],
+    "training_throughput": ["perf/train_tokens_per_s"],
 }
 _SMOOTH_ABOVE = 20  # points; shorter curves are drawn as they are
 _STYLES = ["-", "--", ":", "-."]
@@ -81,7 +82,7 @@ def plot_panel(name: str, keys: list[str], series: list[Series], path: Path,
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
 
