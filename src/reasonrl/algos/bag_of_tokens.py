@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.algos.advantages import _broadcast, _check_shapes, sequence_scores
-from reasonrl.algos.masked import as_float, group_inverse, mask_count
+from reasonrl.algos.masked import as_float, group_inverse, group_sum, mask_count
 from reasonrl.registry import ADVANTAGES
 
 __all__ = [
@@ -63,15 +63,11 @@ def bag_stats(
     r = torch.where(valid, as_float(token_rewards.detach()), 0.0)
     w = bag_weights(valid).to(r.dtype)
     inverse, num_groups = group_inverse(group_ids)
-
-    def per_group(row_values: Tensor) -> Tensor:
-        return torch.zeros(num_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, row_values)
-
-    count = per_group(valid.any(-1).to(r.dtype))
-    mean = per_group((w * r).sum(-1)) / count.clamp_min(1.0)
+    count = group_sum(valid.any(-1).to(r.dtype), inverse, num_groups)
+    mean = group_sum((w * r).sum(-1), inverse, num_groups) / count.clamp_min(1.0)
     # Two passes (mean, then squared deviations) for the same stability as group_stats.
     dev = torch.where(valid, r - mean[inverse].unsqueeze(-1), 0.0)
-    sq = per_group((w * dev.square()).sum(-1))
+    sq = group_sum((w * dev.square()).sum(-1), inverse, num_groups)
     denom = count - 1.0 if std == "unbiased" else count
     var = torch.where(count > 1, sq / denom.clamp_min(1.0), torch.zeros_like(sq))
     return mean[inverse], var.sqrt()[inverse], count[inverse]

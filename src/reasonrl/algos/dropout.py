@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.algos.advantages import grpo_advantages, sequence_scores
-from reasonrl.algos.masked import as_float, group_inverse, masked_mean, masked_sum
+from reasonrl.algos.masked import as_float, group_inverse, group_sum, masked_mean, masked_sum
 from reasonrl.registry import ADVANTAGES, SELECTORS
 
 __all__ = [
@@ -96,10 +96,6 @@ def sequence_grpo_advantages(scores: Tensor, group_ids: Tensor, eps: float = 1e-
     return grpo_advantages(scores.detach().unsqueeze(-1), ones, group_ids, eps=eps)[:, 0]
 
 
-def _group_sum(values: Tensor, inverse: Tensor, num_groups: int) -> Tensor:
-    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
-
-
 def entropy_push(advantages: Tensor, seq_logprob: Tensor, group_ids: Tensor) -> Tensor:
     """Entropy push P_k = A_k (s_k − Ĥ_g), s_k = −ℓ_k, Ĥ_g = mean of s over k's group, [B].
 
@@ -113,8 +109,8 @@ def entropy_push(advantages: Tensor, seq_logprob: Tensor, group_ids: Tensor) -> 
                          f"{tuple(advantages.shape)}, {tuple(seq_logprob.shape)}, {tuple(group_ids.shape)}")
     surprisal = -as_float(seq_logprob.detach())
     inverse, num_groups = group_inverse(group_ids)
-    count = _group_sum(torch.ones_like(surprisal), inverse, num_groups)
-    centre = (_group_sum(surprisal, inverse, num_groups) / count)[inverse]
+    count = group_sum(torch.ones_like(surprisal), inverse, num_groups)
+    centre = (group_sum(surprisal, inverse, num_groups) / count)[inverse]
     return as_float(advantages.detach()) * (surprisal - centre)
 
 
@@ -339,16 +335,16 @@ def weighted_recenter(seq_adv: Tensor, seq_logprob: Tensor, group_ids: Tensor, m
     top = torch.full((num_groups,), -torch.inf, dtype=adv.dtype, device=adv.device)
     top = top.scatter_reduce(0, inverse, logits, reduce="amax")
     expo = torch.exp(logits - top[inverse])  # max-shifted: softmax over very negative sum-log-probs stays finite
-    w = expo / _group_sum(expo, inverse, num_groups)[inverse]
-    centred = adv - _group_sum(w * adv, inverse, num_groups)[inverse]
+    w = expo / group_sum(expo, inverse, num_groups)[inverse]
+    centred = adv - group_sum(w * adv, inverse, num_groups)[inverse]
     if mode == "weighted_center":
         return centred
     if mode == "weighted_center_rescale":
-        count = _group_sum(torch.ones_like(adv), inverse, num_groups)
-        mean_abs = _group_sum(adv.abs(), inverse, num_groups) / count
-        mean_abs_c = _group_sum(centred.abs(), inverse, num_groups) / count
+        count = group_sum(torch.ones_like(adv), inverse, num_groups)
+        mean_abs = group_sum(adv.abs(), inverse, num_groups) / count
+        mean_abs_c = group_sum(centred.abs(), inverse, num_groups) / count
         return centred * (mean_abs / (mean_abs_c + eps))[inverse]
-    weighted_std = _group_sum(w * centred.square(), inverse, num_groups).sqrt()
+    weighted_std = group_sum(w * centred.square(), inverse, num_groups).sqrt()
     return centred / (weighted_std + eps)[inverse]
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "group_inverse",
+    "group_sum",
     "group_count",
     "group_mean",
     "group_std",
@@ -121,7 +122,9 @@ def _check_values(values: Tensor, group_ids: Tensor) -> Tensor:
     return as_float(values)
 
 
-def _per_group_sum(values: Tensor, inverse: Tensor, num_groups: int) -> Tensor:
+def group_sum(values: Tensor, inverse: Tensor, num_groups: int) -> Tensor:
+    """Σ of ``values`` over each dense group index of ``inverse`` (from :func:`group_inverse`),
+    shaped [num_groups, ...]."""
     return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
 
 
@@ -134,9 +137,9 @@ def group_stats(values: Tensor, group_ids: Tensor) -> Tuple[Tensor, Tensor, Tens
     """
     values = _check_values(values, group_ids)
     inverse, num_groups = group_inverse(group_ids)
-    count = _per_group_sum(torch.ones_like(values), inverse, num_groups)
-    mean = _per_group_sum(values, inverse, num_groups) / count
-    sq = _per_group_sum((values - mean[inverse]).square(), inverse, num_groups)
+    count = group_sum(torch.ones_like(values), inverse, num_groups)
+    mean = group_sum(values, inverse, num_groups) / count
+    sq = group_sum((values - mean[inverse]).square(), inverse, num_groups)
     var = torch.where(count > 1, sq / (count - 1).clamp_min(1.0), torch.zeros_like(sq))
     return mean[inverse], var.sqrt()[inverse], count[inverse]
 
@@ -155,4 +158,4 @@ def group_count(group_ids: Tensor) -> Tensor:
     """Per-sample size of the sample's group, [B] (float)."""
     inverse, num_groups = group_inverse(group_ids)
     ones = torch.ones(group_ids.shape[0], dtype=torch.float32, device=group_ids.device)
-    return _per_group_sum(ones, inverse, num_groups)[inverse]
+    return group_sum(ones, inverse, num_groups)[inverse]

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import group_inverse
+from reasonrl.algos.masked import group_inverse, group_sum
 from reasonrl.registry import ADVANTAGES
 
 __all__ = [
@@ -341,8 +341,8 @@ def scale_credit(credit: Tensor, group_ids: Tensor, scale: str = "group", eps: f
     if scale == "batch":
         return credit / (credit.abs().mean() + eps)
     inverse, groups = group_inverse(group_ids)
-    total = torch.zeros(groups, dtype=credit.dtype).index_add_(0, inverse, credit.abs())
-    count = torch.zeros(groups, dtype=credit.dtype).index_add_(0, inverse, torch.ones_like(credit))
+    total = group_sum(credit.abs(), inverse, groups)
+    count = group_sum(torch.ones_like(credit), inverse, groups)
     return credit / ((total / count)[inverse] + eps)
 
 
