@@ -224,12 +224,8 @@ class TeacherConfig:
         need(self.micro_batch_size >= 1, f"'teacher.micro_batch_size' must be >= 1, got {self.micro_batch_size}")
         need(self.top_k is None or self.top_k >= 1, f"'teacher.top_k' must be >= 1, got {self.top_k}")
         need(self.model.backend != "hf" or bool(self.model.path), "'teacher.model.path' is required with backend: hf")
-        if self.model.tiny:
-            from reasonrl.policy.tiny import TinySpec
-
-            known = [f.name for f in dataclasses.fields(TinySpec)]
-            for k in self.model.tiny:
-                need(k in known, f"unknown key 'teacher.model.tiny.{k}'; allowed: {', '.join(known)}.{closest_match_hint(k, known)}")
+        error = unknown_tiny_key(self.model.tiny, "teacher.model.tiny")
+        need(error is None, error)
 
 
 @dataclass
@@ -493,12 +489,21 @@ def _check_semantics(r: Recipe, where: str) -> None:
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), f"rewards: each reward function may appear once, got {names}")
     need(bool(names), "rewards: at least one reward function is required")
-    if r.model.tiny:
-        from reasonrl.policy.tiny import TinySpec
+    error = unknown_tiny_key(r.model.tiny, "model.tiny")
+    need(error is None, error)
 
-        known = [f.name for f in dataclasses.fields(TinySpec)]
-        for k in r.model.tiny:
-            need(k in known, f"unknown key 'model.tiny.{k}'; allowed: {', '.join(known)}.{closest_match_hint(k, known)}")
+
+def unknown_tiny_key(tiny: dict[str, Any], key: str) -> str | None:
+    """The error for the first key of a ``tiny:`` section that ``TinySpec`` does not have, else None."""
+    if not tiny:
+        return None
+    from reasonrl.policy.tiny import TinySpec
+
+    known = [f.name for f in dataclasses.fields(TinySpec)]
+    bad = next((k for k in tiny if k not in known), None)
+    if bad is None:
+        return None
+    return f"unknown key '{key}.{bad}'; allowed: {', '.join(known)}.{closest_match_hint(bad, known)}"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
