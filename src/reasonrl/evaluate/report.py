@@ -26,6 +26,7 @@ from typing import Any, Callable
 from reasonrl.config import flatten
 from reasonrl.evaluate.plots import PANELS, Series, plot_panel
 from reasonrl.fsutil import atomic_write_text
+from reasonrl.train.metrics import read_metrics
 
 _NOT_COMPARED = {"train.seed", "run_name", "output_dir"}  # differ between seeds of one experiment
 _SEED_SUFFIX = re.compile(r"([-_.]?(seed|s)\d+)$", re.IGNORECASE)
@@ -57,14 +58,8 @@ def load_run(path: Path) -> Run:
     if not metrics_path.is_file():
         raise ReportError(f"{path}: not a run folder (no metrics.jsonl)")
     warnings: list[str] = []
-    rows, bad = [], []
-    for number, line in enumerate(metrics_path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            bad.append(number)
+    bad: list[int] = []
+    rows = read_metrics(path, on_malformed=bad.append)
     if bad:
         warnings.append(f"{metrics_path}: skipped {len(bad)} malformed line(s) ({', '.join(map(str, bad[:5]))}); "
                         "the run was probably stopped while writing")

@@ -6,7 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 class MetricsWriter:
@@ -58,13 +58,19 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Rows of ``metrics.jsonl``, skipping a truncated last line."""
+def read_metrics(run_dir: Path, on_malformed: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Rows of ``metrics.jsonl``. A malformed line (a run stopped mid-write) is skipped and its
+    line number passed to ``on_malformed``; by default a warning is printed."""
     rows = []
     path = Path(run_dir) / "metrics.jsonl"
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            print(f"warning: skipping a malformed line in {path}", file=sys.stderr)
+            if on_malformed is not None:
+                on_malformed(number)
+            else:
+                print(f"warning: skipping a malformed line in {path}", file=sys.stderr)
     return rows
