@@ -208,14 +208,14 @@ class Trainer:
         batch, sampled, stats = collect(self.policy, self.scorer, self.task, r, step, self.generator,
                                         self.state.policy_version, watch)
         metrics = self._rollout_metrics(sampled, stats)
-        if self.token_reward is not None:
-            with watch("score"):
-                fn, params = self.token_reward
-                batch.dense_rewards = dense_token_rewards(self.policy.tokenizer, batch, fn, params)
         for (select, params), spec in zip(self.selectors, r.selection):
             selected = call_stage(select, (batch,), {"step": step, "total_steps": r.train.steps}, params)
             batch, extra = selected if isinstance(selected, tuple) else (selected, {})
             metrics.update({f"selection/{spec.name}/{k}": v for k, v in extra.items()})
+        if self.token_reward is not None:  # only for the rows that will be trained on
+            with watch("score"):
+                fn, params = self.token_reward
+                batch.dense_rewards = dense_token_rewards(self.policy.tokenizer, batch, fn, params)
         metrics["perf/sample_tokens_per_s"] = stats.sampled_tokens / max(watch.seconds["sample"], 1e-9)
         if len(batch) == 0:
             metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
