@@ -1,5 +1,7 @@
-"""The backend conformance suite, run on the embedded (mini) model."""
+"""The backend conformance suite, run on the embedded (mini) model, with its own tokenizer and
+with one whose padding token is its EOS (SmolLM2's case: pad_token_id == eos_token_id == 2)."""
 
+import pytest
 import torch
 
 from reasonrl.policy.hf import token_logprobs_and_entropy
@@ -14,8 +16,12 @@ def joined(s):
     return torch.cat([s.prompt_ids, s.completion_ids], 1), torch.cat([s.prompt_mask, s.completion_mask], 1)
 
 
-def test_sample_shapes_masks_and_truncation():
-    pol = mini_policy()
+PAD_IS_EOS = pytest.mark.parametrize("pad_is_eos", [False, True], ids=["pad!=eos", "pad==eos"])
+
+
+@PAD_IS_EOS
+def test_sample_shapes_masks_and_truncation(pad_is_eos):
+    pol = mini_policy(pad_is_eos=pad_is_eos)
     s = pol.sample(PROMPTS, 4, 10, temperature=1.0, generator=torch.Generator().manual_seed(0))
     n = len(PROMPTS) * 4
     assert s.completion_ids.shape[0] == n and len(s.texts) == n and s.completion_ids.shape[1] <= 10
@@ -29,8 +35,9 @@ def test_sample_shapes_masks_and_truncation():
     assert torch.equal(s.prompt_ids[0], s.prompt_ids[3])  # rows i*G..i*G+G-1 share prompt i
 
 
-def test_sampling_logprobs_match_the_scoring_pass():
-    pol = mini_policy()
+@PAD_IS_EOS
+def test_sampling_logprobs_match_the_scoring_pass(pad_is_eos):
+    pol = mini_policy(pad_is_eos=pad_is_eos)
     s = pol.sample(PROMPTS, 3, 12, temperature=0.7, generator=torch.Generator().manual_seed(1))
     ids, mask = joined(s)
     logp, ent = pol.token_logprobs(ids, mask, s.completion_ids.shape[1], temperature=0.7, with_entropy=True)
@@ -83,8 +90,9 @@ def test_empty_prompt_is_rejected():
         mini_policy().sample(["1+2;", ""], 2, 4)
 
 
-def test_stop_strings_end_completions_and_are_cut_from_the_text():
-    pol = mini_policy()
+@PAD_IS_EOS
+def test_stop_strings_end_completions_and_are_cut_from_the_text(pad_is_eos):
+    pol = mini_policy(pad_is_eos=pad_is_eos)
     s = pol.sample(PROMPTS, 8, 16, temperature=1.0, generator=torch.Generator().manual_seed(4), stop=["*"])
     eos = pol.tokenizer.eos_token_id
     stopped = 0
@@ -126,3 +134,44 @@ def test_shared_prompt_pass_equals_the_row_by_row_pass_with_gradients():
     torch.testing.assert_close(ent_b[m], ent_a[m], atol=1e-5, rtol=1e-5)
     for a, b in zip(g_a, g_b):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def assert_every_masked_token_was_sampled(pol, samples, stop, atol=2e-5):
+    """The completion mask covers exactly the tokens the sampler drew, for each way a row can end:
+    at EOS, at a stop string, at the token budget. Returns how many rows ended each way."""
+    eos = pol.tokenizer.eos_token_id
+    budget = samples.completion_ids.shape[1]
+    ids, mask = joined(samples)
+    logp, _ = pol.token_logprobs(ids, mask, budget, temperature=1.0)
+    m = samples.completion_mask.bool()
+    # Sampling and scoring agree on every token that counts: none of them is a padding token the
+    # model never drew (its sampling log-prob would be 0, its scoring log-prob anything).
+    torch.testing.assert_close(logp[m], samples.sample_logprobs[m], atol=atol, rtol=1e-5)
+    assert (samples.sample_logprobs[m] < 0).all()
+    ends = {"eos": 0, "stop": 0, "budget": 0}
+    for row, k, trunc in zip(samples.completion_ids, samples.completion_mask.sum(-1).tolist(), samples.truncated):
+        tokens = row[:k]
+        assert k >= 1 and not (tokens[:-1] == eos).any()  # no EOS inside a completion
+        text = pol.tokenizer.decode(tokens, skip_special_tokens=True)
+        if tokens[-1] == eos:
+            ends["eos"] += 1
+            assert not trunc
+        elif stop and any(text.endswith(s) for s in stop):
+            ends["stop"] += 1
+            assert not trunc
+            # The stop string is completed by the last masked token, not before it.
+            before = pol.tokenizer.decode(tokens[:-1], skip_special_tokens=True)
+            assert not any(s in before for s in stop)
+        else:
+            ends["budget"] += 1
+            assert trunc and k == budget
+    return ends
+
+
+@PAD_IS_EOS
+def test_every_masked_token_was_sampled_at_eos_stop_and_budget(pad_is_eos):
+    pol = mini_policy(seed=1, pad_is_eos=pad_is_eos)
+    stop = ["*"]
+    s = pol.sample(PROMPTS * 4, 8, 12, temperature=1.0, generator=torch.Generator().manual_seed(6), stop=stop)
+    ends = assert_every_masked_token_was_sampled(pol, s, stop)
+    assert min(ends.values()) > 0, ends  # each way of ending occurs, so each branch was checked

@@ -111,6 +111,10 @@ class HFPolicy:
         n = mask.shape[0]
         done = torch.zeros(n, dtype=torch.bool, device=self.device)
         stopped = torch.zeros_like(done)
+        ended_at_eos = torch.zeros_like(done)
+        # Each row's length is counted while it runs, never inferred from the tokens afterwards:
+        # where pad == EOS (SmolLM2) the padding after a stop string would read as a first EOS.
+        lengths = torch.zeros(n, dtype=torch.long, device=self.device)
         # A stop string spans at most this many tokens (each token decodes to >= 1 character).
         stop_window = max((len(s) for s in stop), default=0) + 1 if stop else 0
         tokens, logps = [], []
@@ -126,7 +130,10 @@ class HFPolicy:
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             tokens.append(tok)
             logps.append(torch.where(done, torch.zeros_like(lp), lp))
-            done = done | (tok == eos)
+            lengths += (~done).long()
+            hit_eos = ~done & (tok == eos)
+            ended_at_eos |= hit_eos
+            done = done | hit_eos
             if stop_window:
                 hit = self._stop_hits(tokens, done, stop, stop_window)
                 stopped |= hit
@@ -141,11 +148,10 @@ class HFPolicy:
         model.train(was_training)
 
         completion = torch.stack(tokens, dim=1)
-        # A token is part of the completion up to and including the first EOS.
-        is_eos = completion == eos
-        ended_before = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-        completion_mask = (~ended_before).long()
-        completion = torch.where(ended_before, torch.full_like(completion, pad), completion)
+        # A completion is every token sampled while its row ran: up to and including the
+        # EOS, or the last token of a stop string, or the whole budget.
+        completion_mask = (torch.arange(completion.shape[1], device=self.device) < lengths.unsqueeze(-1)).long()
+        completion = torch.where(completion_mask.bool(), completion, torch.full_like(completion, pad))
         texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
         if stop:
             texts = [cut_at_stop(t, stop) for t in texts]
@@ -156,7 +162,7 @@ class HFPolicy:
             completion_ids=completion,
             completion_mask=completion_mask,
             sample_logprobs=torch.stack(logps, dim=1) * completion_mask,
-            truncated=~is_eos.any(-1) & ~stopped,
+            truncated=~ended_at_eos & ~stopped,
             texts=texts,
         )
 
