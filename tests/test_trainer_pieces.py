@@ -3,9 +3,15 @@ import math
 import pytest
 import torch
 
-from reasonrl.train.trainer import lr_lambda, outcome_token_rewards
+from reasonrl.registry import SCHEDULES
+from reasonrl.train.optim import lr_multiplier
+from reasonrl.train.trainer import outcome_token_rewards
 
 from test_batch import make
+
+
+def lr_lambda(step, warmup, total, schedule):
+    return lr_multiplier(step, warmup, total, SCHEDULES.get(schedule))
 
 
 def test_lr_schedule_warmup_then_decay():

@@ -5,6 +5,11 @@ completions right-padded, kept as two blocks so that batches of different
 widths can be concatenated; ``input_ids``/``attention_mask`` join them.
 Per-token tensors (``*_logprobs``, ``token_rewards``, ``advantages``) are
 aligned with the completion block, ``[N, T]``.
+
+Two masks over the completion block: ``completion_mask`` says which tokens exist (they are
+attended), ``loss_mask`` (optional) which of them the model is trained on. Tokens written by
+an environment (a tool's output in a multi-turn episode) are attended but not trained on;
+``response_mask`` is the product, and every loss, advantage and reward placement uses it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ class RolloutBatch:
     prompt_ids: Tensor  # [N, P] left-padded
     prompt_mask: Tensor  # [N, P]
     completion_ids: Tensor  # [N, T] right-padded
-    completion_mask: Tensor  # [N, T] 1 on tokens that count (may be zeroed by masking stages)
+    completion_mask: Tensor  # [N, T] 1 on tokens that exist and are attended (may be zeroed by masking stages)
     group_ids: Tensor  # [N] long: rows with the same id answer the same prompt
     rewards: Tensor  # [N] float: the scalar reward of each completion
     truncated: Tensor  # [N] bool: no EOS within the token budget
@@ -36,6 +41,8 @@ class RolloutBatch:
     # (``token_reward`` in the recipe); ``token_rewards`` keeps the outcome on the last token.
     dense_rewards: Tensor | None = None  # [N, T]
     advantages: Tensor | None = None  # [N, T]
+    # [N, T] 1 on the completion tokens the model is trained on; None: all of them.
+    loss_mask: Tensor | None = None
     # Per-row metadata: prompt, completion, answer, task name, per-reward scores, ...
     meta: dict[str, list[Any]] = field(default_factory=dict)
     # Method-specific per-row tensors ([N, ...]; [N, T] ones aligned with the completion block),
@@ -67,6 +74,14 @@ class RolloutBatch:
         # A row whose completion_mask a masking stage zeroed attends to its prompt only; its
         # log-probs are then meaningless, but they are masked out of every loss and metric.
         return torch.cat([self.prompt_mask, self.completion_mask.to(self.prompt_mask.dtype)], dim=1)
+
+    @property
+    def response_mask(self) -> Tensor:
+        """The tokens that are trained on: attended (``completion_mask``) and not excluded by
+        ``loss_mask`` (verl's agent-loop ``response_mask``). Same dtype as ``completion_mask``."""
+        if self.loss_mask is None:
+            return self.completion_mask
+        return self.completion_mask * self.loss_mask.to(self.completion_mask.dtype)
 
     @property
     def completion_len(self) -> int:

@@ -99,14 +99,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from reasonrl.evaluate.report import ReportError, write_report
+    from reasonrl.evaluate.report import ReportError, stats_path, write_report
 
     try:
         out = write_report(args.runs, args.output, title=args.title,
-                           warn=lambda w: print(f"warning: {w}", file=sys.stderr))
+                           warn=lambda w: print(f"warning: {w}", file=sys.stderr),
+                           baseline=args.baseline, bootstrap=args.bootstrap)
     except ReportError as exc:
         raise ConfigError(str(exc)) from None
     print(f"report in {out} (plots in {out.parent / (out.stem + '_files')})")
+    if args.baseline is not None:
+        print(f"statistics against {args.baseline} in {stats_path(out)}")
     return 0
 
 
@@ -141,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rep.add_argument("-o", "--output", default="report.html")
     rep.add_argument("--title")
+    rep.add_argument("--baseline", metavar="NAME",
+                     help="a group name as the report shows it: compare every other group with it (difference, "
+                          "bootstrap interval, Welch's t-test); also writes <output stem>_stats.json")
+    rep.add_argument("--bootstrap", type=int, default=2000, metavar="B",
+                     help="bootstrap resamples for --baseline intervals (default 2000, fixed seed)")
     rep.set_defaults(func=cmd_report)
 
     quick = sub.add_parser("quickstart", help="warm up the embedded model, train it with GRPO, compare")

@@ -13,20 +13,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 
 from reasonrl import registry
+from reasonrl.params import ConfigError, Range, check_component_params, coerce
 from reasonrl.registry import UnknownNameError, closest_match_hint
 
-
-class ConfigError(ValueError):
-    """A recipe problem; the message names the key and what was expected."""
+__all__ = ["ConfigError", "Recipe", "load_recipe", "recipe_from_dict", "build_section", "flatten"]
 
 
 @dataclass
@@ -38,6 +36,28 @@ class LoraConfig:
     dropout: float = 0.0
     target_modules: list[str] | str = "all-linear"
     """Module names to adapt (e.g. [q_proj, v_proj]) or PEFT's ``all-linear``."""
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """The embedded model's architecture and warm-up (``model.tiny``); ``reasonrl.policy.tiny``
+    builds it. Declared here, as ``LoraConfig`` is, so loading a recipe imports no model code."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_positions: int = 64
+    warmup_steps: int = 600
+    warmup_batch: int = 64
+    warmup_lr: float = 3e-3
+    seed: int = 0
+    max_operand: int = 20
+    careless_fraction: float = 0.7
+    task: str = "arithmetic"
+    """The registered task whose ``warmup_problems`` (worked solutions) the model imitates.
+    A task other than arithmetic may declare an ``alphabet`` (its characters)."""
+    task_params: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -60,7 +80,7 @@ class ModelConfig:
     chat_template: bool = False
     """Wrap each prompt in the tokenizer's chat template as a user turn (needs a tokenizer that has one)."""
     tiny: dict[str, Any] = field(default_factory=dict)
-    """Overrides of ``reasonrl.policy.tiny.TinySpec`` (architecture and warm-up)."""
+    """Overrides of ``TinyConfig`` (architecture and warm-up of the embedded model)."""
 
 
 @dataclass
@@ -74,26 +94,33 @@ class Component:
 @dataclass
 class RewardConfig(Component):
     weight: float = 1.0
+    timeout_s: Annotated[float, Range(gt=0)] | None = None
+    """Seconds one call may take before it scores 0 and counts as a failure (null: ``rollout.reward_timeout_s``)."""
+    workers: Annotated[int, Range(ge=0)] = 0
+    """Worker processes that score this function's calls in parallel (slow verifiers); 0: the one worker shared by all such rewards."""
 
 
 @dataclass
 class RolloutConfig:
-    num_generations: int = 8
+    num_generations: Annotated[int, Range(ge=2, why="a group needs a baseline")] = 8
     """G: completions sampled per prompt (TRL ``num_generations``)."""
-    max_new_tokens: int = 32
-    temperature: float = 1.0
+    max_new_tokens: Annotated[int, Range(ge=1)] = 32
+    temperature: Annotated[float, Range(ge=0)] = 1.0
     stop: list[str] | None = None
     """Strings that end a completion (e.g. "\\n\\nQuestion:"); default: the task's ``stop_strings``."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose rewards all agree and top the
     batch up with fresh prompts (verl ``filter_groups``)."""
-    max_sampling_rounds: int = 3
+    max_sampling_rounds: Annotated[int, Range(ge=1)] = 3
     """With dynamic sampling: sampling rounds per step before training on what was kept."""
+    reward_timeout_s: Annotated[float, Range(gt=0)] = 30.0
+    """Default ``rewards[i].timeout_s``: a reward call still running after this many seconds is
+    killed (its worker process is replaced) and scores 0, counted in ``reward_failures/<name>``."""
 
 
 @dataclass
 class KLConfig:
-    coef: float = 0.0
+    coef: Annotated[float, Range(ge=0)] = 0.0
     """β. At 0 the reference model is never loaded."""
     estimator: Literal["k1", "k2", "k3"] = "k3"
     in_reward: bool = False
@@ -103,7 +130,8 @@ class KLConfig:
 @dataclass
 class LossConfig:
     policy: str = "ppo_clip"
-    """Policy loss: ppo_clip (PPO, clip-higher, dual-clip), gspo, cispo."""
+    """Policy loss (``POLICY_LOSSES``): ppo_clip (PPO, clip-higher, dual-clip), gspo, cispo, or
+    your own (``"my_losses.py:my_loss"``)."""
     epsilon: float | None = None
     """Lower clip range (default: the loss's own default, 0.2 for ppo_clip)."""
     epsilon_high: float | None = None
@@ -117,34 +145,47 @@ class LossConfig:
     """Coefficient of the entropy bonus (loss −= coef · aggregated entropy)."""
     mask_truncated: bool = False
     """Exclude completions that hit the token budget from the loss (TRL ``mask_truncated_completions``)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Further parameters of the policy loss, checked against its signature (a custom loss's own)."""
+
+    def policy_params(self) -> dict[str, Any]:
+        """What the policy loss is called with: the clip widths that are set, and ``params``."""
+        named = {"epsilon": self.epsilon, "epsilon_high": self.epsilon_high, "dual_clip": self.dual_clip}
+        return {**{k: v for k, v in named.items() if v is not None}, **self.params}
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4
-    weight_decay: float = 0.0
+    name: str = "adamw"
+    """Optimiser (``OPTIMIZERS``): ``adamw`` (fused kernel), ``sgd``, or your own
+    (``"my_optim.py:build"``, called as ``build(parameters, lr=, betas=, weight_decay=, **params)``)."""
+    lr: Annotated[float, Range(gt=0)] = 2e-4
+    weight_decay: Annotated[float, Range(ge=0)] = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 10
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """LR after warm-up: constant, or decaying linearly / by cosine to 0 at the last step."""
-    max_grad_norm: float = 1.0
+    warmup_steps: Annotated[int, Range(ge=0)] = 10
+    schedule: str = "constant"
+    """LR schedule after warm-up (``SCHEDULES``): constant, or decaying linearly / by cosine to 0
+    at the last step."""
+    max_grad_norm: Annotated[float, Range(gt=0)] = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+    """Further parameters of the optimiser, checked against its signature (e.g. ``momentum`` for sgd)."""
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 100
-    prompts_per_step: int = 16
+    steps: Annotated[int, Range(ge=1)] = 100
+    prompts_per_step: Annotated[int, Range(ge=1)] = 16
     seed: int = 0
-    num_iterations: int = 1
+    num_iterations: Annotated[int, Range(ge=1)] = 1
     """Optimisation passes over each sampled batch (TRL ``num_iterations``)."""
-    mini_batch_size: int = 0
+    mini_batch_size: Annotated[int, Range(ge=0)] = 0
     """Sequences per optimiser step; 0 = the whole batch (one step per pass)."""
-    micro_batch_size: int = 64
+    micro_batch_size: Annotated[int, Range(ge=1)] = 64
     """Sequences per forward/backward (gradient accumulation); does not change the maths."""
     share_prompt: bool = True
     """Run each group's prompt once in the training forward and expand its KV cache to the
     group (exact; pays off when prompts are long, e.g. few-shot)."""
-    checkpoint_every: int = 50
+    checkpoint_every: Annotated[int, Range(ge=1)] = 50
     keep_checkpoints: int = 2
     threads: int = 0
     """torch intra-op threads; 0 = leave torch's default."""
@@ -152,13 +193,13 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    size: int = 200
+    size: Annotated[int, Range(ge=0)] = 200
     """Held-out problems scored before and after training (and every ``every`` steps)."""
-    every: int = 0
+    every: Annotated[int, Range(ge=0)] = 0
     """Also evaluate every N steps (0 = only before and after)."""
     task: Component | None = None
     """Evaluate on this task's held-out problems (``{name: gsm8k, ...}``); default: the training task's."""
-    n: int = 0
+    n: Annotated[int, Range(ge=0)] = 0
     """Samples per problem for avg@n, pass@k, maj@k, entropy and calibration (0 = greedy accuracy only)."""
     k: list[int] | int = field(default_factory=list)
     """With ``n``: the k (or list of k) of pass@k and maj@k (default: 1 and n)."""
@@ -170,7 +211,7 @@ class EvalConfig:
     """Token budget for evaluation; defaults to rollout.max_new_tokens."""
     reward: str = "exact_answer"
     """The reward whose value 1 counts as correct (e.g. ``math_verify`` for free-form answers)."""
-    batch_size: int = 256
+    batch_size: Annotated[int, Range(ge=1)] = 256
     """Sequences decoded together (lower it for large models)."""
 
 
@@ -198,34 +239,26 @@ class TeacherConfig:
     """CoRA: the LoRA adapter trained on the teacher (needs ``update: true``)."""
     update: bool = False
     """CoRA on: after each student step, one gradient step on the teacher's adapter with the verifier advantages."""
-    lr: float = 1e-4
+    lr: Annotated[float, Range(gt=0)] = 1e-4
     """Learning rate of the teacher's AdamW (CoRA)."""
-    clip: float | None = None
+    clip: Annotated[float, Range(gt=0)] | None = None
     """PPO-style clip ε of the teacher's ratio against the teacher that annotated the batch (active with epochs > 1)."""
-    epochs: int = 1
+    epochs: Annotated[int, Range(ge=1)] = 1
     """Teacher gradient steps per batch (CoRA)."""
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 64
+    max_grad_norm: Annotated[float, Range(gt=0)] = 1.0
+    micro_batch_size: Annotated[int, Range(ge=1)] = 64
     """Sequences per teacher forward (annotation and update); does not change the maths."""
-    top_k: int | None = None
+    top_k: Annotated[int, Range(ge=1)] | None = None
     """Compute the state value V(s) over the union of the student's and teacher's top-k tokens (default: full vocabulary)."""
 
     def __post_init__(self) -> None:
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ConfigError(f"teacher: {msg}")
-
-        need(self.model.lora is None, "put the teacher's adapter in 'teacher.lora', not 'teacher.model.lora'")
-        need(not self.update or self.lora is not None, "'teacher.update: true' (CoRA) needs 'teacher.lora' (the adapter it trains)")
-        need(self.lora is None or self.update, "'teacher.lora' is only trained with 'teacher.update: true'; without it the adapter is the identity")
-        need(self.lr > 0, f"'teacher.lr' must be > 0, got {self.lr}")
-        need(self.clip is None or self.clip > 0, f"'teacher.clip' must be > 0, got {self.clip}")
-        need(self.epochs >= 1, f"'teacher.epochs' must be >= 1, got {self.epochs}")
-        need(self.micro_batch_size >= 1, f"'teacher.micro_batch_size' must be >= 1, got {self.micro_batch_size}")
-        need(self.top_k is None or self.top_k >= 1, f"'teacher.top_k' must be >= 1, got {self.top_k}")
-        need(self.model.backend != "hf" or bool(self.model.path), "'teacher.model.path' is required with backend: hf")
-        error = unknown_tiny_key(self.model.tiny, "teacher.model.tiny")
-        need(error is None, error)
+        where = "teacher"
+        need(self.model.lora is None, where, "put the teacher's adapter in 'teacher.lora', not 'teacher.model.lora'")
+        need(not self.update or self.lora is not None, where,
+             "'teacher.update: true' (CoRA) needs 'teacher.lora' (the adapter it trains)")
+        need(self.lora is None or self.update, where,
+             "'teacher.lora' is only trained with 'teacher.update: true'; without it the adapter is the identity")
+        check_model(self.model, where, "teacher.model")
 
 
 @dataclass
@@ -245,9 +278,18 @@ class Recipe:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     teacher: TeacherConfig | None = None
-    """A teacher model for token-level credit (``advantage: {name: residual}``; CoRA with ``teacher.update``)."""
+    """The section of the ``residual_teacher`` method: a teacher model for token-level credit
+    (``advantage: {name: residual}``; CoRA with ``teacher.update``)."""
+    sampler: Component = field(default_factory=lambda: Component("stream"))
+    """Which prompts each step trains on (``PROMPT_SAMPLERS``); it observes every prompt's rewards,
+    so a curriculum can learn from results. ``stream``: the task's own seeded order."""
+    methods: list[Component] = field(default_factory=list)
+    """Components that own models or state (``METHODS``), called through the method hooks."""
     output_dir: str = "runs"
     run_name: str | None = None
+    plugins: list[str] = field(default_factory=list)
+    """Python files (``path/to/plugin.py``, stored absolute) or modules imported before any name is
+    resolved, so that the components they register by decorator (``@REWARDS.register("mine")``) can be named."""
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(self)
@@ -262,6 +304,8 @@ _COMPONENT_REGISTRIES = {
     "selection": registry.SELECTORS,
     "advantage": registry.ADVANTAGES,
     "eval.task": registry.TASKS,
+    "sampler": registry.PROMPT_SAMPLERS,
+    "methods": registry.METHODS,
 }
 
 
@@ -272,15 +316,21 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         where = str(path)
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read recipe {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: a recipe is a mapping of sections, got {type(raw).__name__}")
+        if not raw:
+            # An empty file would silently train on every default: almost certainly a mistake.
+            raise ConfigError(f"{path}: the recipe is empty; name at least one section (e.g. `task:`), "
+                              "or run without a recipe file to use the defaults on purpose")
     for item in overrides or []:
         _apply_override(raw, item)
     return recipe_from_dict(raw, where)
@@ -288,16 +338,53 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
 
 def recipe_from_dict(raw: dict[str, Any], where: str = "recipe") -> Recipe:
     _import_components()
-    recipe = _build(Recipe, raw, where, "")
+    raw = _user_code(raw, where)
+    recipe = build_section(Recipe, raw, where, "")
     _check_semantics(recipe, where)
     return recipe
+
+
+def _user_code(raw: Any, where: str) -> Any:
+    """Import the recipe's ``plugins``; then, anywhere in the recipe, register a Python callable
+    given in place of a name under a generated name (``registry.register_passed_object``) and
+    make the file of each ``file.py:symbol`` name absolute (so recipe.json resumes from any folder)."""
+    if not isinstance(raw, dict):
+        return raw
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise ConfigError(f"{where}: 'plugins' must be a list of .py files or module names, got {plugins!r}")
+    for i, plugin in enumerate(plugins):
+        try:
+            registry.import_plugin(plugin)
+        except UnknownNameError as exc:
+            raise ConfigError(f"{where}: plugins[{i}]: {exc}") from None
+    taken: dict[str, Any] = {}
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, tuple):
+            return tuple(walk(v) for v in node)
+        if callable(node):
+            return registry.register_passed_object(node, taken)
+        return registry.canonical_name(node)
+
+    named = walk({k: v for k, v in raw.items() if k != "plugins"})
+    if "plugins" in raw:
+        named["plugins"] = [registry.canonical_plugin(p) for p in plugins]
+    return named
 
 
 def _import_components() -> None:
     # Registration happens on import; a recipe may name any built-in component.
     import reasonrl.algos  # noqa: F401
+    import reasonrl.methods  # noqa: F401
     import reasonrl.rewards  # noqa: F401
+    import reasonrl.rollout.samplers  # noqa: F401
     import reasonrl.tasks  # noqa: F401
+    import reasonrl.train.optim  # noqa: F401
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -317,19 +404,22 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
     node[keys[-1]] = value
 
 
-def _build(cls: type, raw: Any, where: str, prefix: str) -> Any:
+def build_section(cls: type, raw: Any, where: str, key: str) -> Any:
+    """A recipe section (a dataclass, or a ``Component``) from its raw mapping; every field goes
+    through :func:`reasonrl.params.coerce`, so types and bounds are checked in one place."""
     if issubclass(cls, Component):
-        return _build_component(cls, raw, where, prefix)
+        return _build_component(cls, raw, where, key)
+    prefix = f"{key}." if key else ""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: '{prefix.rstrip('.') or 'recipe'}' must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
+        raise ConfigError(f"{where}: '{key or 'recipe'}' must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls, include_extras=True)
     known = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
-    for key, value in raw.items():
-        if key not in known:
-            raise ConfigError(f"{where}: unknown key '{prefix}{key}'; allowed: {', '.join(known)}."
-                              f"{closest_match_hint(str(key), known)}")
-        kwargs[key] = _coerce(hints[key], value, where, f"{prefix}{key}")
+    for name, value in raw.items():
+        if name not in known:
+            raise ConfigError(f"{where}: unknown key '{prefix}{name}'; allowed: {', '.join(known)}."
+                              f"{closest_match_hint(str(name), known)}")
+        kwargs[name] = coerce(hints[name], value, where, f"{prefix}{name}")
     return cls(**kwargs)
 
 
@@ -341,25 +431,31 @@ def _build_component(cls: type, raw: Any, where: str, key: str) -> Component:
     raw = dict(raw)
     name = raw.pop("name")
     extra = {}
+    hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
         if f.name not in ("name", "params") and f.name in raw:
-            extra[f.name] = _coerce(typing.get_type_hints(cls)[f.name], raw.pop(f.name), where, f"{key}.{f.name}")
+            extra[f.name] = coerce(hints[f.name], raw.pop(f.name), where, f"{key}.{f.name}")
     params = dict(raw.pop("params", {}) or {}, **raw)
     section = key.split("[")[0]
     reg = _COMPONENT_REGISTRIES.get(section)
     if reg is not None:
-        _check_params(_registered(reg, name, where, f"{key}.name"), params, where, key, section)
+        params = check_component_params(_registered(reg, name, where, f"{key}.name"), params, where, key,
+                                        PIPELINE_ARGS[section], strict_kwargs=section == "rewards")
     return cls(name=name, params=params, **extra)
 
 
 # Arguments supplied by the pipeline itself, never by the recipe.
-_PIPELINE_ARGS = {
+PIPELINE_ARGS = {
     "advantage": {"token_rewards", "response_mask", "group_ids", "batch", "step", "total_steps"},
     "rewards": {"completion", "completions", "problem", "num_tokens", "truncated"},
     "token_reward": {"completion", "problem"},
     "selection": {"batch", "step", "total_steps"},
     "task": {"name"},
     "eval.task": {"name"},
+    "sampler": {"task", "seed"},
+    "methods": set(),
+    "loss": {"logprobs", "old_logprobs", "advantages", "response_mask"},
+    "optim": {"parameters", "lr", "betas", "weight_decay"},
 }
 
 
@@ -371,139 +467,46 @@ def _registered(reg: registry.Registry, name: str, where: str, key: str) -> Any:
         raise ConfigError(f"{where}: {key}: {exc}") from None
 
 
-def _check_params(fn: Any, params: dict[str, Any], where: str, key: str, section: str) -> None:
-    sig = inspect.signature(fn)
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    if takes_any and section != "rewards":  # reward functions swallow pipeline extras with **_
-        return
-    accepted = [n for n, p in sig.parameters.items()
-                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n not in _PIPELINE_ARGS[section]]
-    for p in params:
-        if p not in accepted:
-            raise ConfigError(f"{where}: unknown parameter '{key}.{p}'; allowed: {', '.join(accepted) or '(none)'}."
-                              f"{closest_match_hint(p, accepted)}")
-    # A component may check its parameters' values itself, so a bad value fails at load time.
-    check = getattr(fn, "check_params", None)
-    if check is not None:
-        try:
-            check(**params)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {key}: {exc}") from None
+def need(cond: bool, where: str, msg: str) -> None:
+    """A recipe rule: ``msg`` (prefixed by ``where``) becomes a ConfigError when ``cond`` fails."""
+    if not cond:
+        raise ConfigError(f"{where}: {msg}")
 
 
-def _coerce(tp: Any, value: Any, where: str, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, where, key)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[-1] if errors else f"{where}: '{key}' has an invalid value {value!r}")
-    if origin is Literal:
-        if value not in args:
-            allowed = [str(a) for a in args]
-            raise ConfigError(f"{where}: '{key}' must be one of {', '.join(allowed)}; got {value!r}."
-                              f"{closest_match_hint(str(value), allowed)}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: '{key}' must be a list, got {value!r}")
-        return [_coerce(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{where}: '{key}' must be a list of {len(args)} numbers, got {value!r}")
-        return tuple(_coerce(a, v, where, key) for a, v in zip(args, value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: '{key}' must be a mapping, got {value!r}")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where, f"{key}.") if not issubclass(tp, Component) else _build(tp, value, where, key)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: '{key}' must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):
-            # PyYAML reads `3e-4` (no dot) as a string; accept what any reader would call a number.
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: '{key}' must be a string, got {value!r}")
-        return value
-    if tp is Any:
-        return value
-    raise ConfigError(f"{where}: '{key}': unsupported type {tp}")
+def check_model(model: ModelConfig, where: str, key: str) -> None:
+    need(model.backend != "hf" or bool(model.path), where, f"{key}.path is required with {key}.backend: hf")
+    known = [f.name for f in dataclasses.fields(TinyConfig)]
+    bad = next((k for k in model.tiny if k not in known), None)
+    need(bad is None, where,
+         f"unknown key '{key}.tiny.{bad}'; allowed: {', '.join(known)}.{closest_match_hint(str(bad), known)}")
 
 
 def _check_semantics(r: Recipe, where: str) -> None:
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ConfigError(f"{where}: {msg}")
-
-    need(r.rollout.num_generations >= 2, f"rollout.num_generations must be >= 2 (a group needs a baseline), got {r.rollout.num_generations}")
-    need(r.rollout.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1, got {r.rollout.max_new_tokens}")
-    need(r.rollout.temperature >= 0, f"rollout.temperature must be >= 0, got {r.rollout.temperature}")
-    need(r.rollout.max_sampling_rounds >= 1, "rollout.max_sampling_rounds must be >= 1")
-    need(r.train.steps >= 1, f"train.steps must be >= 1, got {r.train.steps}")
-    need(r.train.prompts_per_step >= 1, f"train.prompts_per_step must be >= 1, got {r.train.prompts_per_step}")
-    need(r.train.num_iterations >= 1, "train.num_iterations must be >= 1")
-    need(r.train.micro_batch_size >= 1, "train.micro_batch_size must be >= 1")
-    need(r.train.mini_batch_size >= 0, "train.mini_batch_size must be >= 0")
-    need(r.optim.lr > 0, f"optim.lr must be > 0, got {r.optim.lr}")
-    need(r.loss.kl.coef >= 0, f"loss.kl.coef must be >= 0, got {r.loss.kl.coef}")
-    need(r.model.backend != "hf" or bool(r.model.path), "model.path is required with model.backend: hf")
-    accepted = inspect.signature(_registered(registry.POLICY_LOSSES, r.loss.policy, where, "loss.policy")).parameters
+    check_model(r.model, where, "model")
+    loss_fn = _registered(registry.POLICY_LOSSES, r.loss.policy, where, "loss.policy")
+    accepted = inspect.signature(loss_fn).parameters
+    takes = ", ".join(k for k in ("epsilon", "epsilon_high", "dual_clip") if k in accepted)
     for key in ("epsilon", "epsilon_high", "dual_clip"):
-        need(getattr(r.loss, key) is None or key in accepted,
-             f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: "
-             f"{', '.join(k for k in ('epsilon', 'epsilon_high', 'dual_clip') if k in accepted)})")
-    need(r.advantage.name != "residual" or r.teacher is not None,
-         "advantage 'residual' needs a `teacher:` section in the recipe")
-    need(r.teacher is None or r.advantage.name == "residual", "a `teacher:` section is used only by advantage 'residual'")
+        need(getattr(r.loss, key) is None or key in accepted, where,
+             f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: {takes})")
+    # The clip widths and any further parameter are checked against the loss's own signature.
+    check_component_params(loss_fn, r.loss.policy_params(), where, "loss", PIPELINE_ARGS["loss"])
+    optimizer = _registered(registry.OPTIMIZERS, r.optim.name, where, "optim.name")
+    check_component_params(optimizer, r.optim.params, where, "optim.params", PIPELINE_ARGS["optim"])
+    _registered(registry.SCHEDULES, r.optim.schedule, where, "optim.schedule")
     eval_reward = _registered(registry.REWARDS, r.eval.reward, where, "eval.reward")
-    need(not getattr(eval_reward, "group_reward", False),
+    need(not getattr(eval_reward, "group_reward", False), where,
          f"eval.reward '{r.eval.reward}' scores groups, not single answers; use a per-answer reward")
-    need(r.eval.n >= 0 and r.eval.every >= 0 and r.eval.size >= 0, "eval.n, eval.every and eval.size must be >= 0")
     if isinstance(r.eval.k, int):
         r.eval.k = [r.eval.k]
-    need(all(1 <= k <= r.eval.n for k in r.eval.k),
+    need(all(1 <= k <= r.eval.n for k in r.eval.k), where,
          f"eval.k must lie in 1..eval.n (n={r.eval.n}); got {r.eval.k}")
     names = [rw.name for rw in r.rewards]
-    need(len(names) == len(set(names)), f"rewards: each reward function may appear once, got {names}")
-    need(bool(names), "rewards: at least one reward function is required")
-    error = unknown_tiny_key(r.model.tiny, "model.tiny")
-    need(error is None, error)
+    need(len(names) == len(set(names)), where, f"rewards: each reward function may appear once, got {names}")
+    need(bool(names), where, "rewards: at least one reward function is required")
+    from reasonrl.dataflow import check_data_flow
 
-
-def unknown_tiny_key(tiny: dict[str, Any], key: str) -> str | None:
-    """The error for the first key of a ``tiny:`` section that ``TinySpec`` does not have, else None."""
-    if not tiny:
-        return None
-    from reasonrl.policy.tiny import TinySpec
-
-    known = [f.name for f in dataclasses.fields(TinySpec)]
-    bad = next((k for k in tiny if k not in known), None)
-    if bad is None:
-        return None
-    return f"unknown key '{key}.{bad}'; allowed: {', '.join(known)}.{closest_match_hint(bad, known)}"
+    check_data_flow(r, where)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.algos.advantages import _broadcast, _check_shapes, sequence_scores
-from reasonrl.algos.masked import as_float, group_inverse, group_sum, mask_count
+from reasonrl.algos.masked import as_float, group_inverse, group_sum, mask_count, last_token_mask
 from reasonrl.registry import ADVANTAGES
 
 __all__ = [
@@ -131,7 +131,7 @@ def bot_token_rewards(
                          f"got {tuple(dense_rewards.shape)}")
     dense = torch.where(valid, as_float(dense_rewards.detach()), 0.0)
     finished = torch.ones_like(outcome, dtype=torch.bool) if truncated is None else ~truncated.bool()
-    last = valid & (valid.long().cumsum(-1) == valid.long().sum(-1, keepdim=True))
+    last = last_token_mask(valid)
     terminator = last & finished.unsqueeze(-1)
     dense = torch.where(terminator, outcome.unsqueeze(-1).to(dense.dtype), dense)
     return torch.where(valid, dense + outcome_weight * outcome.unsqueeze(-1), 0.0)

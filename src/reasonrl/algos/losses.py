@@ -15,14 +15,17 @@ arithmetic, so NaN/inf there reaches neither the loss nor its gradient.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Annotated, Optional
 
 import torch
 from torch import Tensor
 
 from reasonrl.algos.masked import as_float, mask_count, masked_mean
+from reasonrl.params import Range
 from reasonrl.registry import POLICY_LOSSES
+
+Width = Annotated[float, Range(ge=0, why='a clip width is an offset from 1')]
 
 __all__ = [
     "PolicyLossOutput",
@@ -44,11 +47,18 @@ class PolicyLossOutput:
 
     ``clipped`` is a float 0/1 indicator of tokens whose value the clip (or
     truncation) changed; ``masked_mean(clipped, mask)`` is the clip fraction.
+    ``extra`` holds further per-token statistics a loss wants logged.
     """
 
     loss: Tensor
     clipped: Tensor
     ratio: Tensor
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def token_metrics(self) -> dict[str, Tensor]:
+        """Per-token statistics the trainer logs as their token mean, under these names."""
+        return {"clip_fraction": self.clipped, "ratio/mean": self.ratio, **self.extra}
 
 
 def _prepare(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor):
@@ -102,9 +112,9 @@ def ppo_clip_loss(
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    epsilon: float = 0.2,
-    epsilon_high: Optional[float] = None,
-    dual_clip: Optional[float] = None,
+    epsilon: Width = 0.2,
+    epsilon_high: Optional[Width] = None,
+    dual_clip: Optional[Annotated[float, Range(gt=1)]] = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate per token (Schulman et al. 2017), with clip-higher and dual clip.
 
@@ -130,8 +140,8 @@ def gspo_loss(
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    epsilon: float = 3e-4,
-    epsilon_high: Optional[float] = 4e-4,
+    epsilon: Width = 3e-4,
+    epsilon_high: Optional[Width] = 4e-4,
 ) -> PolicyLossOutput:
     """GSPO, sequence-level importance ratio (Zheng et al. 2025), GSPO-token form.
 
@@ -161,7 +171,7 @@ def cispo_loss(
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    epsilon_high: float = 4.0,
+    epsilon_high: Width = 4.0,
 ) -> PolicyLossOutput:
     """CISPO (MiniMax-M1, 2025): REINFORCE with a truncated, stop-gradient IS weight.
 

@@ -100,6 +100,14 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool =
 # --------------------------------------------------------------------------- groups
 
 
+def last_token_mask(mask: Tensor) -> Tensor:
+    """Bool ``[B,T]``: the last position of each row where ``mask`` is set (all False for an
+    empty row). Where a scalar outcome reward sits (verl's convention)."""
+    valid = _valid(mask)
+    count = valid.long()
+    return valid & (count.cumsum(-1) == count.sum(-1, keepdim=True))
+
+
 def group_inverse(group_ids: Tensor) -> Tuple[Tensor, int]:
     """Map arbitrary non-negative group ids to dense indices 0..G-1.
 

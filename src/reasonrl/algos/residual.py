@@ -21,13 +21,14 @@ by ``reasonrl.train.teacher.Teacher.annotate`` into ``batch.aux``.
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
 from torch import Tensor
 
 from reasonrl.algos.masked import as_float, masked_mean
+from reasonrl.dataflow import declares
+from reasonrl.params import check_component_params, inject
 from reasonrl.registry import ADVANTAGES, UnknownNameError
 
 __all__ = [
@@ -180,6 +181,7 @@ def _check_lam_clip(lam: float, clip: float | None) -> None:
 
 
 @ADVANTAGES.register("residual")
+@declares(produces=(VERIFIER_KEY,), consumes=AUX_KEYS)
 def residual(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -217,16 +219,9 @@ def residual(
         raise ValueError(f"advantage.base: {exc}") from None
     # The base may itself want pipeline values (batch, step, ...): pass those it declares.
     pipeline = {"batch": batch, "step": step, "total_steps": total_steps}
-    params = inspect.signature(base_fn).parameters
-    extra = {k: v for k, v in pipeline.items() if k in params}
-    own = [n for n, p in list(params.items())[3:]  # after token_rewards, response_mask, group_ids
-           if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in pipeline]
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    for key in base_params or {}:
-        if key not in own and not takes_any:
-            raise ValueError(f"unknown parameter 'advantage.base_params.{key}' for advantage '{base}'; "
-                             f"allowed: {', '.join(own) or '(none)'}")
-    verifier = base_fn(token_rewards, response_mask, group_ids, **extra, **(base_params or {}))
+    params = check_component_params(base_fn, base_params or {}, f"advantage '{base}'", "advantage.base_params",
+                                    ("token_rewards", "response_mask", "group_ids", *pipeline))
+    verifier = inject(base_fn, (token_rewards, response_mask, group_ids), pipeline, params)
     aux[VERIFIER_KEY] = verifier.detach()
     return residual_advantages(verifier, aux["teacher_token_prob"], aux["student_token_prob"], aux["student_value"],
                                response_mask, lam=lam, clip=clip)

@@ -25,6 +25,9 @@ class EvalResult:
     metrics: dict[str, float]
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
     """95% bootstrap interval of each headline metric, over problems."""
+    per_problem: dict[str, list[float]] = field(default_factory=dict)
+    """Per held-out problem (in the task's fixed order), the values a metric averages; what
+    ``reasonrl report --baseline`` resamples."""
 
 
 def answer_extractor(reward_name: str, task: Any = None) -> Callable[[str, Any], str | None]:
@@ -76,8 +79,9 @@ class Evaluator:
         if not self.problems:
             return EvalResult({})
         correct = greedy_outcomes(policy, self.problems, self.budget, self.cfg.batch_size, self.stop, self.reward)
-        result = EvalResult(accuracy_by_form(correct, self.problems),
-                            {"accuracy": bootstrap_ci([float(c) for c in correct])})
+        outcomes = [float(c) for c in correct]
+        result = EvalResult(accuracy_by_form(correct, self.problems), {"accuracy": bootstrap_ci(outcomes)},
+                            {"accuracy": outcomes})
         if self.cfg.n:
             for name, value in self.sampled(policy, greedy=False)["metrics"].items():
                 if isinstance(value, dict):

@@ -9,6 +9,10 @@
   folded below.
 - Warnings for what a crashed or unfinished run lacks (truncated ``metrics.jsonl``,
   no ``summary.json``); such a run is still reported.
+- With ``baseline=NAME``: every other group's final metrics against that group's (the
+  difference of means, a two-level bootstrap interval, Welch's t-test over seeds and a
+  mark where both agree), also written to ``<out stem>_stats.json``. The statistics are
+  in :mod:`reasonrl.evaluate.stats`.
 """
 
 from __future__ import annotations
@@ -19,18 +23,23 @@ import json
 import math
 import re
 import statistics
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from reasonrl.config import flatten
 from reasonrl.evaluate.plots import PANELS, Series, plot_panel
+from reasonrl.evaluate.stats import bootstrap_diff, welch_t_test
 from reasonrl.fsutil import atomic_write_text
 from reasonrl.train.metrics import read_metrics
 
 _NOT_COMPARED = {"train.seed", "run_name", "output_dir"}  # differ between seeds of one experiment
 _SEED_SUFFIX = re.compile(r"([-_.]?(seed|s)\d+)$", re.IGNORECASE)
 _MAX_EXTRA_PANELS = 12
+BOOTSTRAP_RESAMPLES = 2000
+SIGNIFICANCE_LEVEL = 0.05  # the mark: Welch's p below this and the (1 − level) bootstrap interval excluding 0
+_MARK, _SEEDS_ONLY = "●", "†"
 
 
 class ReportError(ValueError):
@@ -177,6 +186,170 @@ def _final_table(runs: list[Run], groups: list[tuple[str, list[Run]]]) -> str:
     return "\n".join(lines)
 
 
+def find_group(groups: list[tuple[str, list[Run]]], name: str) -> tuple[str, list[Run]]:
+    """The group called ``name`` (as the report labels it), or the group of a run labelled
+    ``name`` when that run is alone in its group; ``ReportError`` naming the known groups."""
+    matches = [(n, m) for n, m in groups if n == name]
+    if not matches:
+        matches = [(n, m) for n, m in groups if len(m) == 1 and m[0].label == name]
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join(f"'{n}' ({len(m)} run{'s' if len(m) > 1 else ''}: {', '.join(r.label for r in m)})"
+                      for n, m in groups)
+    if matches:
+        raise ReportError(f"--baseline '{name}' names {len(matches)} groups whose recipes differ; "
+                          f"rename the run folders so that the groups' names differ (groups: {known})")
+    raise ReportError(f"--baseline '{name}': no group of that name; the groups are: {known}")
+
+
+def _metric_keys(runs: list[Run]) -> list[str]:
+    keys: list[str] = []
+    for r in runs:
+        for k in (r.summary or {}).get("final_eval", {}):
+            if k not in keys:
+                keys.append(k)
+    return keys
+
+
+def _per_problem(run: Run, key: str, value: float, warn: Callable[[str], None]) -> list[float] | None:
+    """The run's per-problem values of ``key`` (``final_eval_per_problem`` in summary.json),
+    when present and consistent with its final value."""
+    lists = (run.summary or {}).get("final_eval_per_problem")
+    values = lists.get(key) if isinstance(lists, dict) else None
+    if values is None:
+        return None
+    if not isinstance(values, list) or not values or not all(_finite(v) for v in values):
+        warn(f"{run.path}: final_eval_per_problem['{key}'] is not a non-empty list of numbers; "
+             f"the comparison resamples seeds only for {key}")
+        return None
+    mean = math.fsum(values) / len(values)
+    if abs(mean - value) > 1e-6:
+        warn(f"{run.path}: the mean of final_eval_per_problem['{key}'] is {mean:.6f} but final_eval['{key}'] "
+             f"is {value:.6f}; the comparison resamples seeds only for {key}")
+        return None
+    return [float(v) for v in values]
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def compare_to_baseline(groups: list[tuple[str, list[Run]]], baseline: str,
+                        num_resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
+                        warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One row per (final metric, non-baseline group): the difference of group means
+    (group − baseline), its two-level bootstrap interval (:func:`bootstrap_diff`: seeds,
+    then held-out problems where every run of both groups has per-problem values of the
+    metric, else seeds only), Welch's t-test over the runs' final values
+    (:func:`welch_t_test`; ``None`` with a ``note`` when a group has fewer than 2 runs)
+    and ``significant``: p < 0.05 and the interval excludes 0. Each (metric, group) pair
+    draws from its own generator, seeded by (``seed``, the metric, the group), so adding
+    a run of another group changes no other row. Non-finite numbers are ``None``."""
+    if num_resamples < 1:
+        raise ReportError(f"--bootstrap must be >= 1, got {num_resamples}")
+    base_name, base_members = find_group(groups, baseline)
+    warn = warn or (lambda _: None)
+    runs = [r for _, members in groups for r in members]
+
+    rows = []
+    for key in _metric_keys(runs):
+        def finals(members: list[Run]) -> list[tuple[Run, float]]:
+            values = ((r, (r.summary or {}).get("final_eval", {}).get(key)) for r in members)
+            return [(r, float(v)) for r, v in values if _finite(v)]
+
+        base = finals(base_members)
+        b_values = [v for _, v in base]
+        b_problems = [_per_problem(r, key, v, warn) for r, v in base]
+        for name, members in groups:
+            if members is base_members:
+                continue
+            mine = finals(members)
+            row: dict[str, Any] = {
+                "metric": key, "group": name, "baseline": base_name, "mean": None, "baseline_mean": None,
+                "diff": None, "ci_low": None, "ci_high": None, "t": None, "df": None, "p": None,
+                "n_runs": len(mine), "n_baseline_runs": len(base), "significant": False, "resampled": None,
+                "note": None}
+            rows.append(row)
+            if not mine or not base:
+                row["note"] = f"no finite final {key} in {'group ' + name if not mine else 'the baseline'}"
+                continue
+            g_values = [v for _, v in mine]
+            row["mean"], row["baseline_mean"] = statistics.fmean(g_values), statistics.fmean(b_values)
+            row["diff"] = row["mean"] - row["baseline_mean"]
+            g_problems = [_per_problem(r, key, v, warn) for r, v in mine]
+            with_problems = all(p is not None for p in g_problems + b_problems)
+            row["resampled"] = "seeds+problems" if with_problems else "seeds"
+            low, high = bootstrap_diff(g_problems if with_problems else g_values,
+                                       b_problems if with_problems else b_values,
+                                       num_resamples=num_resamples,
+                                       seed=[seed, zlib.crc32(key.encode()), zlib.crc32(name.encode())],
+                                       confidence=1.0 - SIGNIFICANCE_LEVEL)
+            row["ci_low"], row["ci_high"] = low, high
+            few = [(n, len(v)) for n, v in ((name, g_values), (base_name, b_values)) if len(v) < 2]
+            if few:
+                row["note"] = ("p undefined: " + " and ".join(f"{n} has {k} run" for n, k in few)
+                               + "; Welch's test needs at least 2 runs per group to estimate the seed spread")
+                continue
+            t, df, p = welch_t_test(g_values, b_values)
+            row["t"], row["df"], row["p"] = _finite_or_none(t), _finite_or_none(df), _finite_or_none(p)
+            if row["p"] is None:
+                row["note"] = "p undefined: within each group every run has the same final value (no seed spread)"
+                continue
+            row["significant"] = bool(p < SIGNIFICANCE_LEVEL and (low > 0 or high < 0))
+    return rows
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.01 else f"{p:.2g}"
+
+
+def _comparison_section(rows: list[dict[str, Any]], baseline: tuple[str, list[Run]], num_resamples: int,
+                        seed: int) -> str:
+    name, members = baseline
+    parts = [f"<h2>Against the baseline {html.escape(name)}</h2>",
+             f"<p>Baseline <b>{html.escape(name)}</b>: {html.escape(', '.join(r.label for r in members))}. "
+             "Difference = group mean − baseline mean of the runs' final values.</p>"]
+    if not rows:
+        parts.append("<p>Nothing to compare: no other group, or no final evaluation.</p>")
+        return "\n".join(parts)
+    lines = ["<table><tr><th>metric</th><th>group</th><th>runs</th><th>mean</th><th>baseline mean</th>"
+             "<th>difference</th><th>95% interval</th><th>t</th><th>df</th><th>p (Welch)</th><th></th></tr>"]
+    for row in rows:
+        def num(key: str, fmt: Callable[[float], str] = _fmt) -> str:
+            return "—" if row[key] is None else fmt(row[key])
+
+        interval = "—" if row["ci_low"] is None else f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]"
+        if row["resampled"] == "seeds":
+            interval += f"<sup>{_SEEDS_ONLY}</sup>"
+        if row["p"] is not None:
+            p_cell = _fmt_p(row["p"])
+        elif row["diff"] is None:
+            p_cell = "—"
+        else:
+            p_cell = f"n/a<br><small>{html.escape(row['note'] or '')}</small>"
+        t_cell = "n/a" if row["t"] is None and row["diff"] is not None else num("t")
+        df_cell = "n/a" if row["df"] is None and row["diff"] is not None else num("df", lambda v: f"{v:.1f}")
+        mark = f"<td class='sig' title='seed spread cannot explain it'>{_MARK}</td>" if row["significant"] else "<td></td>"
+        lines.append(
+            f"<tr><td>{html.escape(row['metric'])}</td><td>{html.escape(row['group'])}</td>"
+            f"<td>{row['n_runs']} vs {row['n_baseline_runs']}</td><td>{num('mean')}</td><td>{num('baseline_mean')}</td>"
+            f"<td>{num('diff', lambda v: f'{v:+.3f}')}</td><td>{interval}</td><td>{t_cell}</td><td>{df_cell}</td>"
+            f"<td>{p_cell}</td>{mark}</tr>")
+    lines.append("</table>")
+    parts.append("\n".join(lines))
+    notes = [f"{_MARK} marks a difference that the seed spread cannot explain: Welch's two-sided p &lt; "
+             f"{SIGNIFICANCE_LEVEL} over the runs' final values and the 95% bootstrap interval excludes 0."]
+    notes.append(f"Interval: {num_resamples} bootstrap resamples (seed {seed}) that draw the runs of each group "
+                 "with replacement and, within each drawn run, its held-out problems with replacement.")
+    if any(row["resampled"] == "seeds" for row in rows):
+        notes.append(f"{_SEEDS_ONLY} Not every run folder has per-problem outcomes of this metric "
+                     "(<code>final_eval_per_problem</code> in summary.json): the interval resamples seeds only.")
+    notes.append("With a few seeds per group (3 is few) neither the mark nor its absence is strong evidence, "
+                 "and comparing many metrics marks some differences by chance.")
+    parts.append("".join(f"<p><small>{n}</small></p>" for n in notes))
+    return "\n".join(parts)
+
+
 def _sampled_eval_tables(runs: list[Run]) -> str:
     parts = []
     for r in runs:
@@ -228,7 +401,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em a
 h1{font-size:1.5em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}
-th{background:#f3f3f3}.group{background:#eef5ff}tr.changed td{background:#fff3c4}
+th{background:#f3f3f3}.group{background:#eef5ff}.sig{font-weight:bold;color:#0a6}tr.changed td{background:#fff3c4}
 .warn{background:#fff4e5;border:1px solid #f0a040;padding:.6em 1em;border-radius:4px}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:1em}
 .grid figure{margin:0}.grid img{width:100%;border:1px solid #eee}
@@ -236,10 +409,20 @@ small{color:#666}details{margin:.4em 0}code{font-size:.95em}
 """
 
 
+def stats_path(out: str | Path) -> Path:
+    """Where ``write_report(..., baseline=...)`` writes its statistics: ``<out stem>_stats.json``."""
+    out = Path(out)
+    return out.parent / f"{out.stem}_stats.json"
+
+
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None = None,
-                 warn: Callable[[str], None] | None = None) -> Path:
+                 warn: Callable[[str], None] | None = None, baseline: str | None = None,
+                 bootstrap: int = BOOTSTRAP_RESAMPLES, bootstrap_seed: int = 0) -> Path:
     """Render the report for ``run_dirs`` to ``out`` (HTML) and its PNGs to ``<out stem>_files/``;
-    each warning (also shown in the page) is passed to ``warn``."""
+    each warning (also shown in the page) is passed to ``warn``. With ``baseline`` (a group
+    name), add the comparison of every other group with it (:func:`compare_to_baseline`,
+    ``bootstrap`` resamples) and write its rows to :func:`stats_path`. An unknown baseline
+    raises ``ReportError`` before any file is written."""
     runs = [load_run(Path(p)) for p in run_dirs]
     if not runs:
         raise ReportError("report needs at least one run folder")
@@ -248,6 +431,15 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None 
             warn(warning)
     _unique_labels(runs)
     groups = group_runs(runs)
+    comparison, stats_warnings = "", []
+    if baseline is not None:
+        def stats_warn(message: str) -> None:
+            stats_warnings.append(message)
+            if warn:
+                warn(message)
+
+        rows = compare_to_baseline(groups, baseline, bootstrap, bootstrap_seed, warn=stats_warn)
+        comparison = _comparison_section(rows, find_group(groups, baseline), bootstrap, bootstrap_seed)
     out = Path(out)
     png_dir = out.parent / f"{out.stem}_files"
     series = []
@@ -263,7 +455,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None 
             figures.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{encoded}'>"
                            f"<figcaption><small>{html.escape(name)}: {html.escape(', '.join(keys))}</small>"
                            "</figcaption></figure>")
-    warnings = [w for r in runs for w in r.warnings]
+    warnings = [w for r in runs for w in r.warnings] + stats_warnings
     overview = "".join(
         f"<tr><td>{html.escape(r.label)}</td><td><code>{html.escape(str(r.path))}</code></td><td>{r.last_step}"
         f"</td><td>{_fmt((r.summary or {}).get('wall_seconds', '—'))}</td></tr>" for r in runs)
@@ -274,7 +466,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None 
         + "</ul></div>" if warnings else "",
         "<h2>Runs</h2><table><tr><th>run</th><th>folder</th><th>last step</th><th>wall s</th></tr>"
         + overview + "</table>",
-        "<h2>Final evaluation</h2>", _final_table(runs, groups), _sampled_eval_tables(runs),
+        "<h2>Final evaluation</h2>", _final_table(runs, groups), comparison, _sampled_eval_tables(runs),
         "<h2>Training curves</h2>",
         "<p><small>Faint: per step; solid: exponential moving average. One colour per recipe, one line "
         "style per seed.</small></p>" if any(len(m) > 1 for _, m in groups) else "",
@@ -285,4 +477,6 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None 
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, page)
+    if baseline is not None:
+        atomic_write_text(stats_path(out), json.dumps(rows, indent=1, allow_nan=False))
     return out

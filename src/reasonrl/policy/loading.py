@@ -10,6 +10,7 @@ as safetensors, so only the first load pays for the GGUF conversion.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -79,7 +80,14 @@ def resolve_model_path(path: str, gguf_file: str | None, dtype: str, cache_dir: 
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF file not found: {gguf}")
         return str(materialise_gguf(gguf, cache / f"gguf-{gguf.stem}-{dtype}", DTYPES[dtype], log))
+    if not Path(path).exists() and not HUB_ID.match(path):
+        raise FileNotFoundError(f"model {path}: no such folder ({Path(path).expanduser().resolve()}), and it is "
+                                "not a hub id either (those look like 'org/name')")
     return path
+
+
+# What the hub client accepts as a repo id: 'name' or 'org/name' of letters, digits, '-', '_', '.'.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def load_hf_policy(path: str | Path, *, gguf_file: str | None = None, dtype: str = "float32",
@@ -88,8 +96,15 @@ def load_hf_policy(path: str | Path, *, gguf_file: str | None = None, dtype: str
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     folder = resolve_model_path(str(path), gguf_file, dtype, cache_dir, log)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    except OSError as exc:
+        if Path(folder).exists():
+            raise
+        # A hub id that cannot be fetched (offline, private, misspelt): say which and why, in one line.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FileNotFoundError(f"model {path}: not a local folder, and loading it as a hub id failed: {first}") from None
     return HFPolicy(model, tokenizer, device)
 
 

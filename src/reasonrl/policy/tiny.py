@@ -13,12 +13,13 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from reasonrl.config import TinyConfig
 from reasonrl.fsutil import atomic_directory
 from reasonrl.policy.char_tokenizer import ARITHMETIC_CHARS, build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
@@ -30,22 +31,9 @@ WARMUP_VERSION = 1
 
 
 @dataclass(frozen=True)
-class TinySpec:
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 256
-    max_positions: int = 64
-    warmup_steps: int = 600
-    warmup_batch: int = 64
-    warmup_lr: float = 3e-3
-    seed: int = 0
-    max_operand: int = 20
-    careless_fraction: float = 0.7
-    task: str = "arithmetic"
-    """The registered task whose ``warmup_problems`` (worked solutions) the model imitates.
-    A task other than arithmetic may declare an ``alphabet`` (its characters)."""
-    task_params: dict = field(default_factory=dict)
+class TinySpec(TinyConfig):
+    """The embedded model's configuration (``TinyConfig``, declared with the recipe) plus what
+    building it needs: its cache key and its warm-up task."""
 
     def key(self) -> str:
         fields_ = asdict(self)

@@ -4,8 +4,29 @@ A reward function is called once per completion::
 
     fn(completion: str, problem: Problem, *, num_tokens: int, truncated: bool, **params) -> float
 
-It may return ``None`` (no opinion) or raise: the scorer isolates failures
-(see ``reasonrl.rewards.scorer``), so a broken reward never kills a run.
+(a group reward, marked ``@group_reward``, gets a prompt's G completions at once).
+The scorer (``reasonrl.rewards.scorer``) calls it in a worker process forked from
+the training process, under a timeout, so a reward function may:
+
+- be any callable: a lambda, a closure, a function defined in your script's
+  ``__main__`` or in a ``path/to/file.py`` (the worker inherits the object; nothing
+  is pickled but the rows and the returned floats);
+- return ``None`` (no opinion: 0, not a failure);
+- raise, return NaN/inf, run past ``rewards[i].timeout_s`` (default
+  ``rollout.reward_timeout_s``, 30 s), or kill its process (segfault, ``os._exit``,
+  MemoryError): that sample (or group) scores 0, the failure is counted in
+  ``reward_failures/<name>`` and warned about once per function and kind; a hung or
+  dead worker is killed with its process group (so a sandbox it started goes too)
+  and replaced, and the other rows carry on;
+- be slow: ``rewards[i].workers: N`` scores its calls in N processes in parallel
+  (``workers: 0``, the default, shares one worker among all such rewards);
+- start subprocesses, threads, or its own ``TimeoutRunner`` (``math_verify`` does:
+  each worker starts its own, never the parent's), and use torch on one thread.
+
+What it cannot do: keep state across calls in the training process (a cache or
+counter it updates lives in its worker, and is lost when that worker is
+replaced), or use CUDA (a forked process cannot). The time a call takes includes
+its lazy imports and verifier start-up on a fresh worker's first call.
 """
 
 from reasonrl.rewards import basic  # noqa: F401  (registers the built-in rewards)

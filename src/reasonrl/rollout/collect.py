@@ -17,6 +17,7 @@ from reasonrl.config import Recipe
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.scorer import Scorer
+from reasonrl.rollout.samplers import PromptSampler
 from reasonrl.tasks.base import Problem, Task
 
 
@@ -74,8 +75,9 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
 
 def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: int,
             generator: torch.Generator, policy_version: int,
-            watch: Stopwatch) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
-    """Returns (batch to train on, every sampled row for metrics, stats)."""
+            watch: Stopwatch, sampler: PromptSampler) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
+    """Returns (batch to train on, every sampled row for metrics, stats). The prompt sampler
+    chooses each round's problems and observes every one of them with its G rewards."""
     n = recipe.train.prompts_per_step
     stats = CollectStats()
     kept: list[RolloutBatch] = []
@@ -83,13 +85,15 @@ def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: 
     kept_groups = 0
     rounds = recipe.rollout.max_sampling_rounds if recipe.rollout.dynamic_sampling else 1
     for rnd in range(rounds):
-        # Round r of step s draws a prompt stream of its own, so resumed runs see the same prompts.
-        problems = task.train_problems(step, n - kept_groups if rnd else n, recipe.train.seed + 7919 * rnd)
+        problems = sampler.problems(step, n - kept_groups if rnd else n, rnd)
         if not problems:
             raise ValueError(f"task '{recipe.task.name}' returned no problems for step {step}")
         batch, failures = sample_and_score(policy, scorer, problems, recipe, generator,
-                                 group_offset=stats.sampled_groups, policy_version=policy_version, watch=watch,
-                                 stop=stop_strings(recipe, task))
+                                           group_offset=stats.sampled_groups, policy_version=policy_version,
+                                           watch=watch, stop=stop_strings(recipe, task))
+        g = recipe.rollout.num_generations
+        rewards = batch.rewards.tolist()
+        sampler.observe(problems, [rewards[i * g:(i + 1) * g] for i in range(len(problems))], step)
         everything.append(batch)
         stats.rounds += 1
         stats.sampled_groups += len(problems)
@@ -111,3 +115,34 @@ def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: 
     if len(train_batch) > n * recipe.rollout.num_generations:  # keep exactly n groups
         train_batch = train_batch.select(list(range(n * recipe.rollout.num_generations)))
     return train_batch, all_rows, stats
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else None (no check)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_rollout_fits(recipe: Recipe, policy: HFPolicy, task: Task) -> None:
+    """Refuse, before the run folder exists, a rollout whose sampling memory (KV cache plus the
+    per-step logits of every row) exceeds the memory available: an absurd
+    ``rollout.num_generations`` would otherwise fail as a terabyte allocation mid-run."""
+    from reasonrl.config import ConfigError
+
+    g, n = recipe.rollout.num_generations, recipe.train.prompts_per_step
+    rows = g * n
+    first = task.train_problems(0, 1, recipe.train.seed)
+    prompt_len = len(policy.tokenizer(first[0].prompt)["input_ids"]) if first else 1
+    need = policy.sampling_bytes(rows, prompt_len + recipe.rollout.max_new_tokens)
+    have = available_memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(
+            f"rollout.num_generations={g} × train.prompts_per_step={n} = {rows:,} sequences per step need about "
+            f"{need / 2**30:,.1f} GiB to sample (KV cache and logits), more than the {have / 2**30:,.1f} GiB "
+            "available; lower rollout.num_generations or train.prompts_per_step")

@@ -142,8 +142,9 @@ def _object_rows(records: Iterator[tuple[str, Any]], source: str) -> list[Row]:
 
 def _read_jsonl(path: Path, source: str) -> list[Row]:
     def records() -> Iterator[tuple[str, Any]]:
-        with path.open(encoding="utf-8-sig") as fh:
-            for number, line in enumerate(fh, start=1):
+        with path.open("rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                line = _decoded(raw, source, number, bom=number == 1)
                 if not line.strip():
                     continue
                 try:
@@ -155,9 +156,25 @@ def _read_jsonl(path: Path, source: str) -> list[Row]:
     return _object_rows(records(), source)
 
 
-def _read_json(path: Path, source: str) -> list[Row]:
+def _decoded(raw: bytes, source: str, line: int, bom: bool, offset: int = 0) -> str:
+    """``raw`` as UTF-8 text, or a ValueError naming the file, the line and the byte."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
+        return raw.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as exc:
+        at = exc.start - offset
+        raise ValueError(f"{source}, line {line}: not UTF-8 text (byte {at + 1} of the line is "
+                         f"0x{raw[exc.start]:02x}: {exc.reason}); save the file as UTF-8") from None
+
+
+def _read_json(path: Path, source: str) -> list[Row]:
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        _decoded(raw, source, raw.count(b"\n", 0, exc.start) + 1, bom=True, offset=line_start)
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{source}, line {exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(data, list):

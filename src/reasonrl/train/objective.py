@@ -2,7 +2,10 @@
 
 Every term is aggregated with the totals of the whole mini-batch (tokens and
 sequences), so summing micro-batch losses gives exactly the mini-batch loss
-whatever the split.
+whatever the split. Statistics come back as sums (``token/<name>`` summed over
+tokens, ``loss`` over optimiser steps) and :func:`reduce_stats` turns the sums of
+a whole training step into the logged means; the policy loss names its own
+per-token statistics (``PolicyLossOutput.token_metrics``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from reasonrl.config import LossConfig
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.registry import KL_ESTIMATORS, POLICY_LOSSES
 
+TOKEN = "token/"
+
 
 @dataclass
 class Totals:
@@ -28,15 +33,15 @@ class Totals:
 
 
 def loss_mask(batch: RolloutBatch, cfg: LossConfig) -> Tensor:
-    mask = batch.completion_mask.float()
+    """The tokens the loss sees: the batch's trained tokens, less truncated rows if asked."""
+    mask = batch.response_mask.float()
     if cfg.mask_truncated:
         mask = mask * (~batch.truncated).float().unsqueeze(-1)
     return mask
 
 
-def policy_loss_params(cfg: LossConfig) -> dict:
-    params = {"epsilon": cfg.epsilon, "epsilon_high": cfg.epsilon_high, "dual_clip": cfg.dual_clip}
-    return {k: v for k, v in params.items() if v is not None}
+def totals(mini: RolloutBatch, cfg: LossConfig, norm_len: int) -> Totals:
+    return Totals(tokens=max(1, int(loss_mask(mini, cfg).sum())), seqs=len(mini), norm_len=norm_len)
 
 
 def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: float, share_prompt: bool,
@@ -48,29 +53,33 @@ def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: floa
 
 def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, totals: Totals,
                      temperature: float, share_prompt: bool) -> tuple[Tensor, dict[str, float]]:
-    """Returns the loss to back-propagate and token-summed statistics for metrics."""
+    """Returns the loss to back-propagate and summed statistics for metrics."""
     mask = loss_mask(micro, cfg)
     logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True)
     # With one optimisation pass over freshly sampled data, π_old = π_θ: no extra forward pass.
     old = micro.old_logprobs if micro.old_logprobs is not None else logp.detach()
-    out = POLICY_LOSSES.get(cfg.policy)(logp, old, micro.advantages, mask, **policy_loss_params(cfg))
+    out = POLICY_LOSSES.get(cfg.policy)(logp, old, micro.advantages, mask, **cfg.policy_params())
     agg = dict(mode=cfg.agg, total_tokens=totals.tokens, total_seqs=totals.seqs, norm_len=totals.norm_len)
     loss = aggregate(out.loss, mask, **agg)
-    stats = {
-        "tokens": float(mask.sum()),
-        "clipped": float(masked_sum(out.clipped, mask)),
-        "entropy": float(masked_sum(entropy.detach(), mask)),
-        "ratio": float(masked_sum(out.ratio.detach(), mask)),
-        "pg_loss": float(loss.detach()),
-    }
+    stats = {"tokens": float(mask.sum()), "loss": float(loss.detach())}
+    per_token = {**out.token_metrics, "entropy": entropy}
     if micro.ref_logprobs is not None:
         kl = KL_ESTIMATORS.get(cfg.kl.estimator)(logp, micro.ref_logprobs)
-        stats["kl"] = float(masked_sum(kl.detach(), mask))
+        per_token["kl"] = kl
         if not cfg.kl.in_reward and cfg.kl.coef > 0:
             loss = loss + cfg.kl.coef * aggregate(kl, mask, **agg)
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * aggregate(entropy, mask, **agg)
+    stats.update({TOKEN + k: float(masked_sum(v.detach(), mask)) for k, v in per_token.items()})
     return loss, stats
+
+
+def reduce_stats(sums: dict[str, float], optimizer_steps: int) -> dict[str, float]:
+    """Token-summed statistics → token means; the summed policy loss → its mean per optimiser step."""
+    tokens = max(sums.get("tokens", 0.0), 1.0)
+    out = {"loss": sums.get("loss", 0.0) / max(optimizer_steps, 1)}
+    out.update({k[len(TOKEN):]: v / tokens for k, v in sums.items() if k.startswith(TOKEN)})
+    return out
 
 
 @torch.no_grad()

@@ -9,7 +9,10 @@ Formalised from the spec (paper not available): ``specs/methods-a.md`` §2. The 
   state value V(s_t) to ``batch.aux`` for the ``residual`` advantage;
 - :meth:`Teacher.update` (CoRA, after the student's update) takes one AdamW step on the
   teacher's adapter with L_T = −(1/Σ_i T_i) Σ_{i,t} A^ver_{i,t} · log π_T(y_{i,t}|s_{i,t}),
-  A^ver the verifier advantage the ``residual`` advantage stored in ``batch.aux``.
+  A^ver the verifier advantage the ``residual`` advantage stored in ``batch.aux``, through
+  the same optimisation loop as the policy (``reasonrl.train.optim.Learner``).
+
+The Trainer reaches the teacher only through the method hooks: ``reasonrl.methods.residual_teacher``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from reasonrl.algos.losses import aggregate, ppo_clip_loss
 from reasonrl.algos.masked import masked_mean, masked_sum
 from reasonrl.algos.residual import AUX_KEYS, VERIFIER_KEY, residual_statistics
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import TeacherConfig
+from reasonrl.config import OptimConfig, TeacherConfig
 from reasonrl.policy.factory import build_policy
 from reasonrl.policy.hf import HFPolicy
+from reasonrl.train.optim import Learner
 
 __all__ = ["Teacher", "check_shared_vocabulary", "completion_logits"]
 
@@ -67,9 +71,12 @@ class Teacher:
         check_shared_vocabulary(student.tokenizer, self.policy.tokenizer)
         self.policy.model.to(student.device)
         self.policy.device = student.device
-        self.optimizer = None
+        self.learner = None
         if cfg.update:
-            self.optimizer = torch.optim.AdamW(list(self.policy.parameters()), lr=cfg.lr, weight_decay=0.0)
+            # Constant LR, no warm-up, the per-tensor AdamW kernel: the teacher's update as first published here.
+            optim = OptimConfig(lr=cfg.lr, weight_decay=0.0, warmup_steps=0, schedule="constant",
+                                max_grad_norm=cfg.max_grad_norm, params={"fused": False})
+            self.learner = Learner(self.policy.parameters(), optim, total_steps=1)
 
     # -- RA: annotate the batch ---------------------------------------------
     @torch.no_grad()
@@ -103,54 +110,50 @@ class Teacher:
         L_T = −(1/Σ T_i) Σ A^ver · log π_T(y_t|s_t) (token-mean), or with ``cfg.clip`` the
         PPO clipped surrogate of the ratio π_T/π_T,before against the teacher that entered
         this update (ratio 1 on the first step, so the clip acts from the second epoch)."""
-        if self.optimizer is None:
+        if self.learner is None:
             raise RuntimeError("Teacher.update needs 'teacher.update: true' in the recipe (CoRA)")
-        adv = batch.aux.get(VERIFIER_KEY)
-        if adv is None:
+        if VERIFIER_KEY not in batch.aux:
             raise ValueError(f"Teacher.update needs batch.aux['{VERIFIER_KEY}'], written by the 'residual' "
                              "advantage: set 'advantage: {name: residual}' in the recipe")
-        mask = batch.completion_mask.float()
-        total = max(1.0, float(mask.sum()))
-        micros = batch.split(self.cfg.micro_batch_size)
-        before: list[Tensor] = []
+        total = max(1.0, float(batch.completion_mask.float().sum()))
+        before: list[Tensor] = []  # log π_T of the teacher that entered this update, per micro-batch
+        clip = self.cfg.clip
+
+        def loss_fn(micro: RolloutBatch, _mini: RolloutBatch, epoch: int, j: int) -> tuple[Tensor, dict[str, float]]:
+            m = micro.completion_mask.float()
+            a = micro.aux[VERIFIER_KEY]
+            logp, _ = self.policy.completion_logprobs(
+                micro.prompt_ids, micro.prompt_mask, micro.completion_ids, micro.completion_mask,
+                micro.group_ids if share_prompt else None, temperature=temperature)
+            stats = {}
+            if epoch == 0:
+                before.append(logp.detach())
+                stats["loss"] = float(-masked_sum(a * logp.detach(), m)) / total
+            if clip is None:
+                per_token = torch.where(m.bool(), -a * logp, 0.0)
+            else:
+                out = ppo_clip_loss(logp, before[j], a, m, epsilon=clip)
+                per_token = out.loss
+                stats["clipped"] = float(masked_sum(out.clipped, m)) / total / self.cfg.epochs
+            return aggregate(per_token, m, "token-mean", total_tokens=total), stats
+
         self.policy.model.train()
-        sums: dict[str, float] = {"loss": 0.0, "clipped": 0.0}
-        norms = []
-        for epoch in range(self.cfg.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for j, micro in enumerate(micros):
-                m = micro.completion_mask.float()
-                a = micro.aux[VERIFIER_KEY]
-                logp, _ = self.policy.completion_logprobs(
-                    micro.prompt_ids, micro.prompt_mask, micro.completion_ids, micro.completion_mask,
-                    micro.group_ids if share_prompt else None, temperature=temperature)
-                if epoch == 0:
-                    before.append(logp.detach())
-                    sums["loss"] += float(-masked_sum(a * logp.detach(), m)) / total
-                if self.cfg.clip is None:
-                    per_token = torch.where(m.bool(), -a * logp, 0.0)
-                else:
-                    out = ppo_clip_loss(logp, before[j], a, m, epsilon=self.cfg.clip)
-                    per_token = out.loss
-                    sums["clipped"] += float(masked_sum(out.clipped, m)) / total / self.cfg.epochs
-                aggregate(per_token, m, "token-mean", total_tokens=total).backward()
-            params = list(self.policy.parameters())
-            norms.append(float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)))
-            self.optimizer.step()
-        metrics = {"teacher/loss": sums["loss"], "teacher/grad_norm": sum(norms) / len(norms)}
-        if self.cfg.clip is not None:
-            metrics["teacher/clip_fraction"] = sums["clipped"]
+        sums, norms = self.learner.optimise(batch, loss_fn, passes=self.cfg.epochs,
+                                            micro_batch_size=self.cfg.micro_batch_size)
+        metrics = {"teacher/loss": sums.get("loss", 0.0), "teacher/grad_norm": sum(norms) / len(norms)}
+        if clip is not None:
+            metrics["teacher/clip_fraction"] = sums.get("clipped", 0.0)
         return metrics
 
     # -- checkpoints ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What an exact resume of CoRA needs: the adapter and its optimiser (empty for RA)."""
-        if self.optimizer is None:
+        if self.learner is None:
             return {}
         from reasonrl.policy.lora import adapter_state
 
         return {"adapter": {k: v.detach().clone() for k, v in adapter_state(self.policy.model).items()},
-                "optimizer": self.optimizer.state_dict()}
+                **self.learner.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
@@ -158,4 +161,4 @@ class Teacher:
         from reasonrl.policy.lora import load_adapter_state
 
         load_adapter_state(self.policy.model, state["adapter"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.learner.load_state_dict(state)

@@ -1,17 +1,18 @@
 """The ``Trainer``: wires the stages together and runs the loop. No algorithm lives here.
 
-    sample G per prompt → score → select → advantages → num_iterations passes
-    over mini-batches (micro-batched backward) → repeat
+    sampler → sample G per prompt → score → select → methods.annotate → advantages
+    → num_iterations passes over mini-batches (the Learner) → methods.after_update → repeat
 
-Each batch records the ``policy_version`` (optimiser steps so far) that
-sampled it, so a later asynchronous mode can bound staleness.
+No method is named here: components that own models or state come in through the method
+hooks (``reasonrl.methods``), optimisers and schedules through their registries
+(``reasonrl.train.optim``), prompts through the prompt sampler (``reasonrl.rollout.samplers``).
+Each batch records the ``policy_version`` (optimiser steps so far) that sampled it, so a
+later asynchronous mode can bound staleness.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import math
 import random
 import sys
 import time
@@ -23,23 +24,25 @@ import numpy as np
 import torch
 
 from reasonrl.algos.kl import apply_kl_to_rewards
-from reasonrl.algos.masked import masked_mean
+from reasonrl.algos.masked import last_token_mask, masked_mean
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, Recipe
 from reasonrl.evaluate.evaluator import EvalResult, Evaluator
 from reasonrl.fsutil import atomic_write_text
+from reasonrl.methods.base import MethodContext, build_methods
+from reasonrl.params import inject
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
-from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, SELECTORS, TASKS, TOKEN_REWARDS
-from reasonrl.rewards.scorer import RewardSpec, Scorer
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, PROMPT_SAMPLERS, SELECTORS, TASKS, TOKEN_REWARDS
+from reasonrl.rewards.scorer import build_scorer
 from reasonrl.rewards.token_level import dense_token_rewards
-from reasonrl.rollout.collect import collect
+from reasonrl.rollout.collect import check_rollout_fits, collect
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.train.metrics import MetricsWriter, finite_or_none, read_metrics
-from reasonrl.train.trackers import check_trackers, open_trackers
-from reasonrl.train.objective import Totals, batch_logprobs, loss_mask, micro_batch_loss
+from reasonrl.train.objective import batch_logprobs, micro_batch_loss, reduce_stats, totals
+from reasonrl.train.optim import Learner
 from reasonrl.train.progress import Progress
-from reasonrl.train.teacher import Teacher
+from reasonrl.train.trackers import check_trackers, open_trackers
 
 RECIPE_FILE = "recipe.json"
 
@@ -51,27 +54,9 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    frac = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
-
-
 def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
-    """The scalar reward placed on each completion's last token (verl's convention)."""
-    mask = batch.completion_mask
-    last = (mask.long().cumsum(-1) == mask.long().sum(-1, keepdim=True)) & mask.bool()
-    return batch.rewards.unsqueeze(-1) * last.float()
-
-
-def call_stage(fn: Callable, args: tuple, pipeline: dict[str, Any], params: dict[str, Any]) -> Any:
-    """Call a registered component with its recipe ``params`` plus those ``pipeline``
-    values (batch, step, total_steps, ...) that its signature declares."""
-    accepted = inspect.signature(fn).parameters
-    return fn(*args, **{k: v for k, v in pipeline.items() if k in accepted}, **params)
+    """The scalar reward placed on each completion's last trained token (verl's convention)."""
+    return batch.rewards.unsqueeze(-1) * last_token_mask(batch.response_mask).float()
 
 
 def build_task(r: Recipe):
@@ -92,6 +77,7 @@ class TrainState:
     policy_version: int = 0
     base_eval: dict[str, float] = field(default_factory=dict)
     base_eval_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    base_eval_per_problem: dict[str, list[float]] = field(default_factory=dict)
     wall_seconds: float = 0.0
 
 
@@ -110,41 +96,46 @@ class Trainer:
             torch.set_num_threads(r.train.threads)
         self.generator = seed_everything(r.train.seed)
         self.task = build_task(r)
+        self.sampler = PROMPT_SAMPLERS.get(r.sampler.name)(task=self.task, seed=r.train.seed, **r.sampler.params)
         self.evaluator = Evaluator(r, self.task)
         check_trackers(r.log.report_to)  # a missing extra fails now, not after the run folder exists
-        self.scorer = Scorer([RewardSpec(x.name, x.weight, x.params) for x in r.rewards])
+        self.scorer = build_scorer(r)
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
         self.policy = build_policy(r.model, log=self.log)
+        check_rollout_fits(r, self.policy, self.task)
         # The reference model exists only when a KL term uses it.
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
-        self.teacher = Teacher(r.teacher, self.policy, log=self.log) if r.teacher is not None else None
-        params = list(self.policy.parameters())
-        # The fused kernel is ~4x faster than the per-tensor loop on CPU (benchmarks/vs_trl.py).
-        self.optimizer = torch.optim.AdamW(params, lr=r.optim.lr, betas=r.optim.betas,
-                                           weight_decay=r.optim.weight_decay, fused=True)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, r.optim.warmup_steps, r.train.steps, r.optim.schedule))
+        self.learner = Learner(self.policy.parameters(), r.optim, r.train.steps)
+        self.methods = build_methods(r)
+        ctx = MethodContext(recipe=r, policy=self.policy, run_dir=self.run_dir, log=self.log,
+                            learner=lambda params, optim: Learner(params, optim, r.train.steps))
+        for _, method in self.methods:
+            method.setup(ctx)
         self.state = TrainState()
 
     def _state_dict(self) -> dict[str, Any]:
         return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            **self.learner.state_dict(),  # optimizer, scheduler
             "rng": ckpt.rng_state(self.generator),
             "train_state": self.state.__dict__.copy(),
             "recipe": self.recipe.to_dict(),
-            "teacher": self.teacher.state_dict() if self.teacher is not None else {},
+            "sampler": self.sampler.state_dict(),
+            "methods": {name: method.state_dict() for name, method in self.methods},
         }
 
     def _restore(self) -> None:
         saved = ckpt.load_latest(self.run_dir, self.policy)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.scheduler.load_state_dict(saved["scheduler"])
+        self.learner.load_state_dict(saved)
         ckpt.restore_rng(saved["rng"], self.generator)
         self.state = TrainState(**saved["train_state"])
-        if self.teacher is not None:
-            self.teacher.load_state_dict(saved.get("teacher", {}))
+        self.sampler.load_state_dict(saved.get("sampler", {}))
+        states = saved.get("methods")
+        if states is None and self.methods:
+            raise ConfigError(f"--resume {self.run_dir}: its checkpoint was written before method hooks existed; "
+                              "it cannot restore the state of " + ", ".join(n for n, _ in self.methods))
+        for name, method in self.methods:
+            method.load_state_dict(states.get(name, {}))
         self.log(f"resumed {self.run_dir} at step {self.state.step}")
 
     # -- the loop ------------------------------------------------------------
@@ -168,6 +159,7 @@ class Trainer:
             if not self.resume and self.evaluator.problems:
                 base = self.evaluator(self.policy)
                 self.state.base_eval, self.state.base_eval_ci = base.metrics, base.intervals
+                self.state.base_eval_per_problem = base.per_problem
                 self.log(f"base accuracy {base.metrics['accuracy']:.3f} on {len(self.evaluator.problems)} held-out problems")
                 writer.write(0, {f"eval/{k}": v for k, v in base.metrics.items()})
             progress = Progress(r.train.steps, initial=self.state.step, enabled=r.log.progress)
@@ -189,6 +181,7 @@ class Trainer:
                 writer.write(self.state.step, {f"eval/{k}": v for k, v in final_eval.metrics.items()})
         finally:
             writer.close()
+            self.scorer.close()
         self.policy.save(self.run_dir / "final_model")
         if r.model.lora is not None and r.model.save_merged:
             from reasonrl.policy.lora import save_merged
@@ -206,10 +199,11 @@ class Trainer:
         watch = Stopwatch()
         step_start = time.perf_counter()
         batch, sampled, stats = collect(self.policy, self.scorer, self.task, r, step, self.generator,
-                                        self.state.policy_version, watch)
+                                        self.state.policy_version, watch, self.sampler)
         metrics = self._rollout_metrics(sampled, stats)
+        pipeline = {"step": step, "total_steps": r.train.steps}
         for (select, params), spec in zip(self.selectors, r.selection):
-            selected = call_stage(select, (batch,), {"step": step, "total_steps": r.train.steps}, params)
+            selected = inject(select, (batch,), pipeline, params)
             batch, extra = selected if isinstance(selected, tuple) else (selected, {})
             metrics.update({f"selection/{spec.name}/{k}": v for k, v in extra.items()})
         if self.token_reward is not None:  # only for the rows that will be trained on
@@ -221,15 +215,16 @@ class Trainer:
             metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
             return metrics
         with watch("logprob"):
-            if self.teacher is not None:
-                metrics.update(self.teacher.annotate(batch, self.policy, r.rollout.temperature))
+            for _, method in self.methods:
+                metrics.update(method.annotate(batch, step))
             self._prepare_advantages(batch, step)
         metrics.update(self._optimise(batch, watch))
-        if self.teacher is not None and r.teacher.update:
-            with watch("teacher"):  # CoRA: the teacher learns from the same scored batch
-                metrics.update(self.teacher.update(batch, r.rollout.temperature, r.train.share_prompt))
+        with watch("methods"):
+            for _, method in self.methods:
+                metrics.update(method.after_update(batch, step))
+                metrics.update(method.metrics())
         train_seconds = sum(watch.seconds[k] for k in ("forward", "backward", "optimizer"))
-        tokens = float(batch.completion_mask.sum())
+        tokens = float(batch.response_mask.sum())
         metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / max(train_seconds, 1e-9)
         metrics["train/rows"] = len(batch)
         metrics.update(watch.metrics())
@@ -244,56 +239,30 @@ class Trainer:
             batch.old_logprobs = batch_logprobs(self.policy, batch, mb, temp, share)
         if self.ref_policy is not None:
             batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp, share)
-        # Credit is computed on every sampled token; masking truncated rows is the loss's business
+        # Credit is computed on every trained token; masking truncated rows is the loss's business
         # (as in TRL), so a masked row still counts in its group's baseline.
-        mask = batch.completion_mask
+        mask = batch.response_mask
         batch.token_rewards = outcome_token_rewards(batch)
         if self.ref_policy is not None and r.loss.kl.in_reward:
             logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp, share)
             kl = KL_ESTIMATORS.get(r.loss.kl.estimator)(logp, batch.ref_logprobs)
             batch.token_rewards = apply_kl_to_rewards(batch.token_rewards, kl, mask, r.loss.kl.coef)
-        batch.advantages = call_stage(ADVANTAGES.get(r.advantage.name), (batch.token_rewards, mask, batch.group_ids),
-                                      {"batch": batch, "step": step, "total_steps": r.train.steps}, r.advantage.params)
+        batch.advantages = inject(ADVANTAGES.get(r.advantage.name), (batch.token_rewards, mask, batch.group_ids),
+                                  {"batch": batch, "step": step, "total_steps": r.train.steps}, r.advantage.params)
 
     def _optimise(self, batch: RolloutBatch, watch: Stopwatch) -> dict[str, float]:
         r = self.recipe
-        sums: dict[str, float] = {}
-        grad_norms = []
-        mini_size = r.train.mini_batch_size or len(batch)
-        for _ in range(r.train.num_iterations):
-            for mini in batch.split(mini_size):
-                mask = loss_mask(mini, r.loss)
-                totals = Totals(tokens=max(1, int(mask.sum())), seqs=len(mini), norm_len=r.rollout.max_new_tokens)
-                self.optimizer.zero_grad(set_to_none=True)
-                for micro in mini.split(r.train.micro_batch_size):
-                    with watch("forward"):
-                        loss, stats = micro_batch_loss(self.policy, micro, r.loss, totals, r.rollout.temperature,
-                                                       r.train.share_prompt)
-                    with watch("backward"):
-                        loss.backward()
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                with watch("optimizer"):
-                    norm = torch.nn.utils.clip_grad_norm_(list(self.policy.parameters()), r.optim.max_grad_norm)
-                    self.optimizer.step()
-                grad_norms.append(float(norm))
-                self.state.policy_version += 1
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        tokens = max(sums.pop("tokens", 0.0), 1.0)
-        passes = r.train.num_iterations * math.ceil(len(batch) / mini_size)
-        out = {
-            "loss": sums.pop("pg_loss") / passes,
-            "clip_fraction": sums.pop("clipped") / tokens,
-            "entropy": sums.pop("entropy") / tokens,
-            "ratio/mean": sums.pop("ratio") / tokens,
-            "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": lr,
-            "policy_version": self.state.policy_version,
-        }
-        if "kl" in sums:
-            out["kl"] = sums.pop("kl") / tokens
-        return out
+
+        def loss_fn(micro: RolloutBatch, mini: RolloutBatch, _pass: int, _j: int):
+            return micro_batch_loss(self.policy, micro, r.loss, totals(mini, r.loss, r.rollout.max_new_tokens),
+                                    r.rollout.temperature, r.train.share_prompt)
+
+        sums, norms = self.learner.optimise(batch, loss_fn, passes=r.train.num_iterations,
+                                            mini_batch_size=r.train.mini_batch_size,
+                                            micro_batch_size=r.train.micro_batch_size, watch=watch)
+        self.state.policy_version += len(norms)
+        return {**reduce_stats(sums, len(norms)), "grad_norm": sum(norms) / len(norms),
+                "lr": self.learner.end_step(), "policy_version": self.state.policy_version}
 
     def _rollout_metrics(self, sampled: RolloutBatch, stats) -> dict[str, Any]:
         lengths = sampled.completion_mask.sum(-1).float()
@@ -327,6 +296,8 @@ class Trainer:
             "final_eval": {k: finite_or_none(v) for k, v in final_eval.metrics.items()},
             "base_eval_ci": {k: list(v) for k, v in self.state.base_eval_ci.items()},
             "final_eval_ci": {k: list(v) for k, v in final_eval.intervals.items()},
+            "base_eval_per_problem": self.state.base_eval_per_problem,
+            "final_eval_per_problem": final_eval.per_problem,
             "wall_seconds": round(wall, 2),
         }
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=1))

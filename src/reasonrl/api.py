@@ -1,0 +1,101 @@
+"""The Python API: train from a script or notebook, with your own functions in the recipe.
+
+    from reasonrl import train
+
+    def short_answer(completion, problem, **_):
+        return float(completion.endswith("####" + problem.answer))
+
+    summary = train({"rewards": [{"name": short_answer}], "train": {"steps": 5}})
+
+A recipe is a ``Recipe``, a dict (the YAML mapping, where any name may also be a
+Python function or class) or the path of a YAML file. Errors in it raise
+``ConfigError`` before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from reasonrl.config import ConfigError, Recipe, _apply_override, flatten, load_recipe, recipe_from_dict
+
+__all__ = ["train"]
+
+
+def train(recipe: Recipe | dict[str, Any] | str | Path | None, run_dir: str | Path | None = None, *,
+          overrides: list[str] | None = None, resume: bool = False,
+          log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train with ``recipe`` and return the run's summary (what ``summary.json`` holds:
+    ``run_dir``, ``steps``, ``base_accuracy``, ``final_accuracy``, ``base_eval``,
+    ``final_eval``, ``wall_seconds``, ...).
+
+    ``run_dir``: the run folder (default ``output_dir/<run_name or recipe file stem or
+    "run">-<time>``, as ``reasonrl train``); it must be empty or absent unless resuming.
+    ``overrides``: ``["optim.lr=1e-4", ...]``, as ``--set``. ``resume=True`` continues the
+    stopped run in ``run_dir`` from its last checkpoint: ``recipe`` is then None (the run's
+    ``recipe.json`` is used; a function passed directly from a script resolves when the
+    script defines it at top level) or the same recipe again (with the same Python
+    functions), checked against ``recipe.json``. ``log``: receives progress messages
+    (default: printed to stderr).
+    """
+    from reasonrl.cli import _run_dir
+    from reasonrl.train.trainer import RECIPE_FILE, Trainer
+
+    if resume:
+        if run_dir is None:
+            raise ConfigError("train(resume=True) needs the run_dir of the run to continue")
+        if overrides:
+            raise ConfigError("overrides cannot change a run being resumed; start a new run instead")
+        saved_path = Path(run_dir) / RECIPE_FILE
+        if not saved_path.is_file():
+            raise ConfigError(f"resume: {run_dir} is not a run folder (no {RECIPE_FILE})")
+        saved = json.loads(saved_path.read_text())
+        if recipe is None:
+            built = recipe_from_dict(saved, str(saved_path))
+        else:
+            built, _ = _as_recipe(recipe, None)
+            _check_same(built, saved, saved_path)
+        run_dir = Path(run_dir)
+    else:
+        if recipe is None:
+            raise ConfigError("train() needs a recipe (a Recipe, a dict or a YAML path), or resume=True")
+        built, recipe_path = _as_recipe(recipe, overrides)
+        run_dir = Path(run_dir) if run_dir is not None else _run_dir(built, recipe_path)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError(f"run folder {run_dir} is not empty; pass resume=True to continue it")
+    return Trainer(built, run_dir, resume=resume, log=log).run()
+
+
+def _as_recipe(recipe: Recipe | dict[str, Any] | str | Path, overrides: list[str] | None) -> tuple[Recipe, str | None]:
+    """A validated Recipe, and the YAML path it came from (names the default run folder)."""
+    if isinstance(recipe, (str, Path)):
+        return load_recipe(recipe, overrides), str(recipe)
+    if isinstance(recipe, Recipe):
+        raw, where = recipe.to_dict(), "recipe"
+    elif isinstance(recipe, dict):
+        raw, where = _copy_sections(recipe), "recipe dict"  # overrides leave the caller's dict alone
+    else:
+        raise ConfigError(f"train(): a recipe is a Recipe, a dict or a YAML path, got {type(recipe).__name__}")
+    for item in overrides or []:
+        _apply_override(raw, item)
+    return recipe_from_dict(raw, where), None
+
+
+def _copy_sections(node: Any) -> Any:
+    """A copy of the dicts and lists of a recipe tree; the values (functions too) are shared."""
+    if isinstance(node, dict):
+        return {k: _copy_sections(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_copy_sections(v) for v in node]
+    return node
+
+
+def _check_same(recipe: Recipe, saved: dict[str, Any], saved_path: Path) -> None:
+    given = flatten(json.loads(json.dumps(recipe.to_dict())))
+    before = flatten(saved)
+    differ = sorted(k for k in given.keys() | before.keys() if given.get(k) != before.get(k))
+    if differ:
+        shown = "; ".join(f"{k}: {before.get(k, '(absent)')!r} -> {given.get(k, '(absent)')!r}" for k in differ[:5])
+        raise ConfigError(f"resume: the recipe differs from the run's {saved_path} ({shown}); resume with the "
+                          "same recipe (or None, to use the saved one), or start a new run")

@@ -1,0 +1,104 @@
+"""The method hooks: one protocol for components that own models or state.
+
+A method (a teacher, a critic, an explorer, a synthesiser, a federated client's extras) is a
+class registered in ``METHODS`` and named in the recipe's ``methods:`` list (or enabled by a
+section of its own, as ``teacher:`` enables ``residual_teacher``). The Trainer never names a
+method; it calls these hooks, in this order, every step::
+
+    sample → score → select → [annotate] → advantages → update policy → [after_update] → metrics
+
+- ``setup(ctx)``: once, before training (or resuming): build models and learners. ``ctx`` has
+  the recipe, the policy, the run folder, a log function and ``ctx.learner(params, optim)``,
+  which gives the method the same optimisation loop the policy uses.
+- ``annotate(batch, step)``: on the scored, selected batch, before advantages; may write the
+  ``batch.aux`` keys it declares in ``produces``. Returns metrics.
+- ``after_update(batch, step)``: after the policy's optimiser steps, on the same batch; may
+  read the keys it declares in ``consumes`` (e.g. the advantages' verifier part). Returns metrics.
+- ``metrics()``: extra metrics for the step's row.
+- ``state_dict()`` / ``load_state_dict(state)``: everything an exact resume needs (weights of
+  what it trains, optimiser state, RNG streams it owns). Saved in every checkpoint.
+
+Keys a method writes and reads are declared (``declared_keys``) and checked with every other
+stage's when the recipe loads (``reasonrl.dataflow``): a reader without a writer is a
+recipe error, not a KeyError at step 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from reasonrl.batch import RolloutBatch
+
+__all__ = ["Method", "MethodContext", "build_methods", "method_specs"]
+
+
+@dataclass
+class MethodContext:
+    """What a method's ``setup`` receives."""
+
+    recipe: Any
+    policy: Any
+    run_dir: Path
+    log: Callable[[str], None]
+    learner: Callable[..., Any] = field(repr=False, default=None)
+    """``learner(parameters, optim_config) -> reasonrl.train.optim.Learner``."""
+
+
+class Method:
+    """Base class of the method hooks; every hook is optional (the defaults do nothing)."""
+
+    section: ClassVar[str | None] = None
+    """A recipe section whose presence enables this method with that section as its config
+    (``teacher:`` for ``residual_teacher``); methods named in ``methods:`` leave it None."""
+
+    @classmethod
+    def declared_keys(cls, config: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """``{"annotate": (produces, consumes), "after_update": (produces, consumes)}`` for this
+        configuration: the ``batch.aux`` keys each hook writes and reads."""
+        return {}
+
+    def setup(self, ctx: MethodContext) -> None:
+        pass
+
+    def annotate(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        return {}
+
+    def after_update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
+        return {}
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def method_specs(recipe: Any) -> list[tuple[str, type, Any]]:
+    """The recipe's methods as (name, class, config): those enabled by their own section first
+    (in registry order), then the ``methods:`` list in its order. ``config`` is the section
+    object, or the parameter mapping of a ``methods:`` entry."""
+    from reasonrl.registry import METHODS
+
+    specs = []
+    for name in METHODS.names():
+        cls = METHODS.get(name)
+        section = getattr(cls, "section", None)
+        if section and getattr(recipe, section, None) is not None:
+            specs.append((name, cls, getattr(recipe, section)))
+    for entry in recipe.methods:
+        specs.append((entry.name, METHODS.get(entry.name), entry.params))
+    return specs
+
+
+def build_methods(recipe: Any) -> list[tuple[str, Method]]:
+    """Instantiate the recipe's methods (``setup`` is the Trainer's to call)."""
+    out = []
+    for name, cls, config in method_specs(recipe):
+        method = cls(config) if getattr(cls, "section", None) and not isinstance(config, dict) else cls(**config)
+        out.append((name, method))
+    return out

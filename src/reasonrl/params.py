@@ -1,0 +1,181 @@
+"""One typed path for every value a recipe sets: section fields and component parameters.
+
+A value is checked against its declared type, and against the bounds declared beside it::
+
+    epsilon: Annotated[float, Range(ge=0)] = 0.2          # in a function's signature
+    num_generations: Annotated[int, Range(ge=2, why="a group needs a baseline")] = 8
+
+Recipe sections (dataclasses in ``reasonrl.config``) and registered components (reward
+functions, advantages, policy losses, optimisers, methods...) go through the same
+:func:`coerce`, so a bad number fails when the recipe loads, with the key, the bound and
+the value, never as a traceback after the run folder exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Annotated, Callable, Iterable, Literal, Union
+
+from reasonrl.registry import closest_match_hint
+
+__all__ = ["ConfigError", "Range", "coerce", "component_hints", "check_component_params", "inject"]
+
+
+class ConfigError(ValueError):
+    """A recipe problem (a value that does not fit its declared type or bounds, an unknown key
+    or name); the message names the key and what was expected. The CLI exits 2 on it."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bounds of a number: ``ge``/``gt``/``le``/``lt``; ``why`` is appended to the error."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    why: str = ""
+
+    def check(self, value: Any, key: str, where: str) -> None:
+        if value is None:
+            return
+        if isinstance(value, float) and math.isnan(value):
+            raise ConfigError(f"{where}: {key} must be a number, got nan")
+        for bound, ok, word in ((self.ge, lambda b: value >= b, ">="), (self.gt, lambda b: value > b, ">"),
+                                (self.le, lambda b: value <= b, "<="), (self.lt, lambda b: value < b, "<")):
+            if bound is not None and not ok(bound):
+                why = f" ({self.why})" if self.why else ""
+                raise ConfigError(f"{where}: {key} must be {word} {_fmt(bound)}, got {value!r}{why}")
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def coerce(tp: Any, value: Any, where: str, key: str) -> Any:
+    """``value`` as type ``tp`` (dataclass sections recursively), or a ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Annotated:
+        out = coerce(args[0], value, where, key)
+        for extra in tp.__metadata__:
+            if isinstance(extra, Range):
+                extra.check(out, key, where)
+        return out
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(arg, value, where, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[-1] if errors else f"{where}: '{key}' has an invalid value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            allowed = [str(a) for a in args]
+            raise ConfigError(f"{where}: '{key}' must be one of {', '.join(allowed)}; got {value!r}."
+                             f"{closest_match_hint(str(value), allowed)}")
+        return value
+    if origin in (list, tuple) and not isinstance(value, (list, tuple)):
+        what = "a list" if origin is list else f"a list of {len(args)} values"
+        raise ConfigError(f"{where}: '{key}' must be {what}, got {value!r}")
+    if origin is list:
+        return [coerce(args[0], v, where, f"{key}[{i}]") for i, v in enumerate(value)] if args else list(value)
+    if origin is tuple:
+        if args and args[-1] is not Ellipsis and len(value) != len(args):
+            raise ConfigError(f"{where}: '{key}' must be a list of {len(args)} values, got {value!r}")
+        kinds = [args[0]] * len(value) if args and args[-1] is Ellipsis else list(args)
+        return tuple(coerce(a, v, where, key) for a, v in zip(kinds, value)) if args else tuple(value)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: '{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        from reasonrl.config import build_section  # sections are built by the recipe loader
+
+        return build_section(tp, value, where, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: '{key}' must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: '{key}' must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            # PyYAML reads `3e-4` (no dot) as a string; accept what any reader would call a number.
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: '{key}' must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: '{key}' must be a string, got {value!r}")
+        return value
+    # Anything else (Any, a class, a protocol, an unresolvable hint) is the component's business.
+    return value
+
+
+def component_hints(fn: Callable) -> dict[str, Any]:
+    """The type hints of ``fn``'s parameters (of ``__init__`` for a class), with their
+    ``Annotated`` bounds; empty when a hint cannot be resolved (a name imported only for type
+    checking): such a component's parameters pass unchecked, as before hints were read."""
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        return typing.get_type_hints(target, include_extras=True)
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def own_parameters(fn: Callable, pipeline: Iterable[str]) -> tuple[list[str], bool]:
+    """The parameter names a recipe may set (``fn``'s keyword parameters less the ``pipeline``
+    arguments the stage supplies itself), and whether ``fn`` takes ``**kwargs``."""
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    params = inspect.signature(target).parameters
+    skip = set(pipeline) | {"self"}
+    own = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n not in skip]
+    return own, any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_component_params(fn: Callable, params: dict[str, Any], where: str, key: str,
+                           pipeline: Iterable[str], strict_kwargs: bool = False) -> dict[str, Any]:
+    """Check a component's recipe ``params`` against its signature: unknown names fail with the
+    closest match; values are coerced to their hints and checked against their bounds; then
+    the component's own ``check_params(**params)``, if it has one, may reject values. Returns
+    the coerced parameters. A component taking ``**kwargs`` accepts any name unless
+    ``strict_kwargs`` (reward functions swallow the pipeline's extras with ``**_``)."""
+    own, takes_any = own_parameters(fn, pipeline)
+    if not takes_any or strict_kwargs:
+        for p in params:
+            if p not in own:
+                raise ConfigError(f"{where}: unknown parameter '{key}.{p}'; allowed: {', '.join(own) or '(none)'}."
+                                 f"{closest_match_hint(p, own)}")
+    hints = component_hints(fn)
+    out = {p: coerce(hints[p], v, where, f"{key}.{p}") if p in hints else v for p, v in params.items()}
+    check = getattr(fn, "check_params", None)
+    if check is not None:
+        try:
+            check(**out)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {key}: {exc}") from None
+    return out
+
+
+def inject(fn: Callable, args: tuple, pipeline: dict[str, Any], params: dict[str, Any]) -> Any:
+    """Call ``fn(*args, **params)`` plus those ``pipeline`` values (batch, step, total_steps...)
+    that its signature declares by name."""
+    sig = inspect.signature(fn).parameters
+    return fn(*args, **{k: v for k, v in pipeline.items() if k in sig}, **params)
