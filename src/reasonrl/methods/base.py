@@ -53,6 +53,10 @@ class Method:
     """A recipe section whose presence enables this method with that section as its config
     (``teacher:`` for ``residual_teacher``); methods named in ``methods:`` leave it None."""
 
+    writes: ClassVar[tuple[str, ...]] = ()
+    """Every ``batch.aux`` key it can write, whatever its configuration: named in the error a
+    recipe gets when a stage reads one of them and this method is missing."""
+
     @classmethod
     def declared_keys(cls, config: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
         """``{"annotate": (produces, consumes), "after_update": (produces, consumes)}`` for this

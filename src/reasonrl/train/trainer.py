@@ -99,7 +99,8 @@ class Trainer:
         self.sampler = PROMPT_SAMPLERS.get(r.sampler.name)(task=self.task, seed=r.train.seed, **r.sampler.params)
         self.evaluator = Evaluator(r, self.task)
         check_trackers(r.log.report_to)  # a missing extra fails now, not after the run folder exists
-        self.scorer = build_scorer(r)
+        # Reward workers are forked now, before the model exists, so they share no model pages.
+        self.scorer = build_scorer(r).start()
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
         self.policy = build_policy(r.model, log=self.log)
@@ -142,7 +143,12 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         r = self.recipe
         started = time.perf_counter()
-        self._setup()  # everything that can reject the input happens before the run folder exists
+        try:
+            self._setup()  # everything that can reject the input happens before the run folder exists
+        except BaseException:
+            if getattr(self, "scorer", None) is not None:
+                self.scorer.close()
+            raise
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume:
             self._restore()
