@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import pytest
+
 from reasonrl.config import recipe_from_dict
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy
@@ -37,3 +41,24 @@ def mini_recipe(**sections):
         else:
             raw[key] = value
     return recipe_from_dict(raw, "test recipe")
+
+
+@contextmanager
+def crash_at_step(monkeypatch, step: int):
+    """Inside the block, ``Trainer.train_step`` raises at ``step`` (a simulated crash after the
+    checkpoints before it were written); the block must end in that crash."""
+    from reasonrl.train.trainer import Trainer
+
+    original = Trainer.train_step
+
+    def crashing(self, s):
+        if s == step:
+            raise RuntimeError("simulated crash")
+        return original(self, s)
+
+    monkeypatch.setattr(Trainer, "train_step", crashing)
+    try:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            yield
+    finally:
+        monkeypatch.setattr(Trainer, "train_step", original)

@@ -12,7 +12,7 @@ from reasonrl.train.metrics import read_metrics
 from reasonrl.train.objective import Totals, micro_batch_loss
 from reasonrl.train.trainer import Trainer, outcome_token_rewards
 
-from helpers import mini_policy, mini_recipe
+from helpers import MINI_TINY, crash_at_step, mini_policy, mini_recipe
 from test_trainer import comparable, weights
 
 BONUS = "toy_bonus"
@@ -103,17 +103,8 @@ def test_a_method_defined_through_the_hooks_runs_checkpoints_and_resumes_exactly
     assert len({r["toy/baseline"] for r in rows}) == 4  # it learns, through its own Learner
     assert len({r["toy/noise_mean"] for r in rows}) == 4
 
-    original = Trainer.train_step
-
-    def crash_at_step_2(self, step):
-        if step == 2:
-            raise RuntimeError("simulated crash")
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "train_step", crash_at_step_2)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with crash_at_step(monkeypatch, 2):
         Trainer(recipe, tmp_path / "b", log=lambda m: None).run()
-    monkeypatch.setattr(Trainer, "train_step", original)
     state = torch.load(tmp_path / "b" / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
     assert state["methods"]["_toy"]["steps"] == 2
     Trainer(recipe, tmp_path / "b", resume=True, log=lambda m: None).run()
@@ -197,7 +188,6 @@ def test_an_optimiser_and_a_policy_loss_from_a_plugin_file(tmp_path):
     trainer.run()
     from reasonrl.policy.tiny import TinySpec, load_tiny_policy
 
-    from helpers import MINI_TINY
 
     before = {k: v.detach().clone() for k, v in load_tiny_policy(TinySpec(**MINI_TINY)).model.named_parameters()}
     after = dict(trainer.policy.model.named_parameters())

@@ -10,7 +10,7 @@ from reasonrl.tasks.arithmetic import ArithmeticTask
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import mini_recipe
+from helpers import crash_at_step, mini_recipe
 from test_trainer import comparable, weights
 
 
@@ -99,18 +99,9 @@ def test_learnability_sampler_resumes_with_the_same_prompts(tmp_path, monkeypatc
 
     monkeypatch.setattr(Learnability, "problems", recording)
     Trainer(recipe, tmp_path / "a", log=lambda m: None).run()
-    original_step = Trainer.train_step
-
-    def crash_at_step_2(self, step):
-        if step == 2:
-            raise RuntimeError("simulated crash")
-        return original_step(self, step)
-
     label["run"] = "b"
-    monkeypatch.setattr(Trainer, "train_step", crash_at_step_2)
-    with pytest.raises(RuntimeError):
+    with crash_at_step(monkeypatch, 2):
         Trainer(recipe, tmp_path / "b", log=lambda m: None).run()
-    monkeypatch.setattr(Trainer, "train_step", original_step)
     seen["b"] = [x for x in seen["b"] if x[0] < 2]  # what the crashed run trained on before its checkpoint
     Trainer(recipe, tmp_path / "b", resume=True, log=lambda m: None).run()
     assert seen["a"] == seen["b"]

@@ -35,3 +35,21 @@ def test_smollm2_loads_and_two_grpo_steps_change_weights(tmp_path, monkeypatch):
     assert all(torch.isfinite(t).all() for t in trained.values())
     changed = [k for k, t in trained.items() if k in before and not torch.equal(t, before[k].detach())]
     assert len(changed) > len(trained) // 2, "a GRPO update should move most weight tensors"
+
+
+def test_smollm2_every_masked_token_was_sampled():
+    """The real tokenizer's pad equals its EOS (id 2): the case the char tokenizer hides. Rows ending
+    at a stop string and at the budget (and at EOS, when it occurs) train only on sampled tokens."""
+    pytest.importorskip("gguf", reason="needs the smollm2 extra")
+    from reasonrl.tasks.arithmetic import ArithmeticTask
+
+    from test_policy_conformance import assert_every_masked_token_was_sampled
+
+    policy = load_hf_policy("smollm2-135m")
+    assert policy.tokenizer.pad_token_id == policy.tokenizer.eos_token_id
+    task = ArithmeticTask(template="Question: What is {expr}?\nAnswer:", few_shot=2)
+    prompts = [p.prompt for p in task.train_problems(0, 4, 0)]
+    s = policy.sample(prompts, 4, 16, temperature=1.0, generator=torch.Generator().manual_seed(0),
+                      stop=task.stop_strings)
+    ends = assert_every_masked_token_was_sampled(policy, s, task.stop_strings, atol=1e-4)
+    assert ends["stop"] > 0 and ends["budget"] > 0, ends

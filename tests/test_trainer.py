@@ -11,7 +11,7 @@ from reasonrl.registry import TASKS
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import mini_recipe
+from helpers import crash_at_step, mini_recipe
 
 
 def comparable(rows):
@@ -26,17 +26,8 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, monkeypatch):
     recipe = mini_recipe(loss={"kl": {"coef": 0.05}}, train={"num_iterations": 2})
     straight = Trainer(recipe, tmp_path / "a", log=lambda m: None).run()
 
-    original = Trainer.train_step
-
-    def crash_at_step_2(self, step):
-        if step == 2:
-            raise RuntimeError("simulated crash")
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "train_step", crash_at_step_2)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with crash_at_step(monkeypatch, 2):
         Trainer(recipe, tmp_path / "b", log=lambda m: None).run()
-    monkeypatch.setattr(Trainer, "train_step", original)
     resumed = Trainer(recipe, tmp_path / "b", resume=True, log=lambda m: None).run()
 
     assert comparable(read_metrics(tmp_path / "a")) == comparable(read_metrics(tmp_path / "b"))

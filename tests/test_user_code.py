@@ -22,7 +22,7 @@ from reasonrl.registry import ADVANTAGES, POLICY_LOSSES, REWARDS, TASKS, TOKEN_R
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_recipe
+from helpers import MINI_TINY, crash_at_step, mini_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -279,17 +279,8 @@ def test_callable_passed_directly_trains_and_resumes_through_the_api(tmp_path, m
     assert recipe().rewards[1].name == name
     straight = api.train(recipe(), tmp_path / "a", log=quiet)
 
-    original = Trainer.train_step
-
-    def crash_at_step_2(self, step):
-        if step == 2:
-            raise RuntimeError("simulated crash")
-        return original(self, step)
-
-    monkeypatch.setattr(Trainer, "train_step", crash_at_step_2)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with crash_at_step(monkeypatch, 2):
         api.train(recipe(), tmp_path / "b", log=quiet)
-    monkeypatch.setattr(Trainer, "train_step", original)
     with pytest.raises(ConfigError, match="run folder .* is not empty; pass resume=True"):
         api.train(recipe(), tmp_path / "b", log=quiet)
     with pytest.raises(ConfigError, match=r"the recipe differs .*train\.steps: 4 -> 5"):

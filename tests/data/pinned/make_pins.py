@@ -24,7 +24,8 @@ def build_models() -> None:
     from reasonrl.policy.tiny import TinySpec, load_tiny_policy
 
     with tempfile.TemporaryDirectory() as cache:
-        for name, extra in (("student", {"warmup_steps": 800, "warmup_lr": 1e-2, "max_operand": 4}), ("teacher", {"warmup_steps": 800, "warmup_lr": 1e-2, "max_operand": 4, "careless_fraction": 0.0})):
+        common = {"warmup_steps": 800, "warmup_lr": 1e-2, "max_operand": 4}
+        for name, extra in (("student", common), ("teacher", {**common, "careless_fraction": 0.0})):
             policy = load_tiny_policy(TinySpec(**{**MINI_TINY, **extra}), cache_dir=cache, log=lambda m: None)
             shutil.rmtree(HERE / name, ignore_errors=True)
             policy.save(HERE / name)
