@@ -15,12 +15,20 @@ Python function or class) or the path of a YAML file. Errors in it raise
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable
 
-from reasonrl.config import ConfigError, Recipe, _apply_override, flatten, load_recipe, recipe_from_dict
+from reasonrl.config import ConfigError, Recipe, apply_override, flatten, load_recipe, recipe_from_dict
 
 __all__ = ["train"]
+
+
+def default_run_dir(recipe: Recipe, recipe_path: str | None) -> Path:
+    """``output_dir/<run_name, or the recipe file's stem, or "run">-<time>``: where a run goes
+    when no folder is given (``reasonrl train`` and :func:`train` alike)."""
+    name = recipe.run_name or (Path(recipe_path).stem if recipe_path else "run")
+    return Path(recipe.output_dir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def train(recipe: Recipe | dict[str, Any] | str | Path | None, run_dir: str | Path | None = None, *,
@@ -39,7 +47,6 @@ def train(recipe: Recipe | dict[str, Any] | str | Path | None, run_dir: str | Pa
     functions), checked against ``recipe.json``. ``log``: receives progress messages
     (default: printed to stderr).
     """
-    from reasonrl.cli import _run_dir
     from reasonrl.train.trainer import RECIPE_FILE, Trainer
 
     if resume:
@@ -61,7 +68,7 @@ def train(recipe: Recipe | dict[str, Any] | str | Path | None, run_dir: str | Pa
         if recipe is None:
             raise ConfigError("train() needs a recipe (a Recipe, a dict or a YAML path), or resume=True")
         built, recipe_path = _as_recipe(recipe, overrides)
-        run_dir = Path(run_dir) if run_dir is not None else _run_dir(built, recipe_path)
+        run_dir = Path(run_dir) if run_dir is not None else default_run_dir(built, recipe_path)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"run folder {run_dir} is not empty; pass resume=True to continue it")
     return Trainer(built, run_dir, resume=resume, log=log).run()
@@ -78,7 +85,7 @@ def _as_recipe(recipe: Recipe | dict[str, Any] | str | Path, overrides: list[str
     else:
         raise ConfigError(f"train(): a recipe is a Recipe, a dict or a YAML path, got {type(recipe).__name__}")
     for item in overrides or []:
-        _apply_override(raw, item)
+        apply_override(raw, item)
     return recipe_from_dict(raw, where), None
 
 

@@ -11,13 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from reasonrl.config import ConfigError, Recipe, load_recipe, recipe_from_dict
+from reasonrl.api import default_run_dir
+from reasonrl.config import ConfigError, load_recipe, recipe_from_dict
 from reasonrl.registry import UnknownNameError
-
-
-def _run_dir(recipe: Recipe, recipe_path: str | None) -> Path:
-    name = recipe.run_name or (Path(recipe_path).stem if recipe_path else "run")
-    return Path(recipe.output_dir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -35,7 +31,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not args.recipe:
             raise ConfigError("train needs a RECIPE.yaml (or --resume RUN_DIR)")
         recipe = load_recipe(args.recipe, args.set)
-        run_dir = Path(args.output) if args.output else _run_dir(recipe, args.recipe)
+        run_dir = Path(args.output) if args.output else default_run_dir(recipe, args.recipe)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"output folder {run_dir} is not empty; use --resume {run_dir} to continue it")
     summary = Trainer(recipe, run_dir, resume=bool(args.resume)).run()

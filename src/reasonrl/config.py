@@ -332,7 +332,7 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: the recipe is empty; name at least one section (e.g. `task:`), "
                               "or run without a recipe file to use the defaults on purpose")
     for item in overrides or []:
-        _apply_override(raw, item)
+        apply_override(raw, item)
     return recipe_from_dict(raw, where)
 
 
@@ -387,7 +387,7 @@ def _import_components() -> None:
     import reasonrl.train.optim  # noqa: F401
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def apply_override(raw: dict[str, Any], item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"--set expects key.sub=value, got '{item}'")
     dotted, value_text = item.split("=", 1)

@@ -31,7 +31,7 @@ __all__ = [
 GRPO_SCALES = ("group", "batch", "none")
 
 
-def _check_shapes(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor) -> None:
+def check_shapes(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor) -> None:
     if token_rewards.dim() != 2 or token_rewards.shape != response_mask.shape:
         raise ValueError(
             "token_rewards and response_mask must both be [B,T]; got "
@@ -41,7 +41,7 @@ def _check_shapes(token_rewards: Tensor, response_mask: Tensor, group_ids: Tenso
         raise ValueError(f"group_ids must be [B]={token_rewards.shape[0]}, got {tuple(group_ids.shape)}")
 
 
-def _broadcast(seq_values: Tensor, response_mask: Tensor) -> Tensor:
+def broadcast(seq_values: Tensor, response_mask: Tensor) -> Tensor:
     return torch.where(response_mask.bool(), seq_values.unsqueeze(-1), 0.0)
 
 
@@ -79,7 +79,7 @@ def grpo_advantages(
     """
     if scale not in GRPO_SCALES:
         raise ValueError(f"unknown GRPO scale {scale!r}; allowed: {', '.join(GRPO_SCALES)}")
-    _check_shapes(token_rewards, response_mask, group_ids)
+    check_shapes(token_rewards, response_mask, group_ids)
     scores = sequence_scores(token_rewards, response_mask)
     mean, std, count = group_stats(scores, group_ids)
     centered = scores - mean
@@ -91,7 +91,7 @@ def grpo_advantages(
     else:
         adv = centered
     adv = torch.where(count > 1, adv, 0.0)
-    return _broadcast(adv, response_mask)
+    return broadcast(adv, response_mask)
 
 
 @ADVANTAGES.register("rloo")
@@ -102,11 +102,11 @@ def rloo_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Ten
     Equals verl ``compute_rloo_outcome_advantage`` and TRL ``RLOOTrainer``'s
     baseline for G > 1. Singleton groups get A = 0; verl leaves A = s_i there.
     """
-    _check_shapes(token_rewards, response_mask, group_ids)
+    check_shapes(token_rewards, response_mask, group_ids)
     scores = sequence_scores(token_rewards, response_mask)
     mean, _, count = group_stats(scores, group_ids)
     adv = torch.where(count > 1, count / (count - 1).clamp_min(1.0) * (scores - mean), 0.0)
-    return _broadcast(adv, response_mask)
+    return broadcast(adv, response_mask)
 
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
@@ -143,7 +143,7 @@ def reinforce_pp_advantages(
     right-padded masks (see :func:`discounted_returns` for interior gaps).
     ``group_ids`` is accepted for the uniform signature and ignored.
     """
-    _check_shapes(token_rewards, response_mask, group_ids)
+    check_shapes(token_rewards, response_mask, group_ids)
     returns = discounted_returns(token_rewards, response_mask, gamma)
     return masked_whiten(returns, response_mask)
 
@@ -159,7 +159,7 @@ def reinforce_pp_baseline_advantages(token_rewards: Tensor, response_mask: Tenso
     singleton groups are centred to 0 (verl subtracts a baseline of 0) and the
     score sums only valid tokens (verl sums the whole row).
     """
-    _check_shapes(token_rewards, response_mask, group_ids)
+    check_shapes(token_rewards, response_mask, group_ids)
     scores = sequence_scores(token_rewards, response_mask)
     mean, _, _ = group_stats(scores, group_ids)
-    return masked_whiten(_broadcast(scores - mean, response_mask), response_mask)
+    return masked_whiten(broadcast(scores - mean, response_mask), response_mask)

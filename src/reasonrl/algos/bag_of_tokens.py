@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reasonrl.algos.advantages import _broadcast, _check_shapes, sequence_scores
+from reasonrl.algos.advantages import broadcast, check_shapes, sequence_scores
 from reasonrl.algos.masked import as_float, group_inverse, group_sum, mask_count, last_token_mask
 from reasonrl.registry import ADVANTAGES
 
@@ -58,7 +58,7 @@ def bag_stats(
     """
     if std not in BOT_STDS:
         raise ValueError(f"unknown BoT std convention {std!r}; allowed: {', '.join(BOT_STDS)}")
-    _check_shapes(token_rewards, response_mask, group_ids)
+    check_shapes(token_rewards, response_mask, group_ids)
     valid = response_mask.bool()
     r = torch.where(valid, as_float(token_rewards.detach()), 0.0)
     w = bag_weights(valid).to(r.dtype)
@@ -125,7 +125,7 @@ def bot_token_rewards(
     valid = response_mask.bool()
     outcome = sequence_scores(token_rewards, response_mask)
     if dense_rewards is None:
-        return _broadcast(outcome, response_mask)
+        return broadcast(outcome, response_mask)
     if dense_rewards.shape != response_mask.shape:
         raise ValueError(f"dense_rewards must be [B,T]={tuple(response_mask.shape)}, "
                          f"got {tuple(dense_rewards.shape)}")
@@ -168,7 +168,7 @@ def bot_grpo(
         raise TypeError(f"advantage.eps must be a number >= 0, got {eps!r}")
     if not eps >= 0:
         raise ValueError(f"advantage.eps must be a number >= 0, got {eps!r}")
-    _check_shapes(token_rewards, response_mask, group_ids)
+    check_shapes(token_rewards, response_mask, group_ids)
     dense = getattr(batch, "dense_rewards", None)
     truncated = getattr(batch, "truncated", None)
     rewards = bot_token_rewards(token_rewards, response_mask, dense, truncated, float(outcome_weight))
