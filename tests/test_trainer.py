@@ -87,7 +87,8 @@ def test_micro_batch_split_does_not_change_the_update(tmp_path):
 
 def test_dynamic_sampling_drops_uninformative_groups(tmp_path):
     recipe = mini_recipe(rollout={"dynamic_sampling": True, "max_sampling_rounds": 3},
-                         rewards=[{"name": "format"}], train={"steps": 2}, eval={"size": 0})
+                         rewards=[{"name": "format"}], train={"steps": 2}, eval={"size": 0},
+                         optim={"lr": 1e-3, "warmup_steps": 0, "schedule": "linear"})
     trainer = Trainer(recipe, tmp_path / "d", log=lambda m: None)
     summary = trainer.run()
     rows = [r for r in read_metrics(tmp_path / "d") if r["step"] > 0]
@@ -95,6 +96,8 @@ def test_dynamic_sampling_drops_uninformative_groups(tmp_path):
     # every round is used and every step is skipped instead of training on zero advantages.
     assert all(r["sampling_rounds"] == 3 and r["zero_variance_group_fraction"] == 1.0 for r in rows)
     assert all(r.get("skipped") == 1 for r in rows)
+    # A skipped step still advances the LR schedule: linear decay over 2 steps, 1e-3 then 5e-4.
+    assert [r["lr"] for r in rows] == pytest.approx([1e-3, 5e-4])
     assert summary["steps"] == 2
 
 

@@ -219,6 +219,7 @@ class Trainer:
         metrics["perf/sample_tokens_per_s"] = stats.sampled_tokens / max(watch.seconds["sample"], 1e-9)
         if len(batch) == 0:
             metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
+            metrics["lr"] = self.learner.end_step()  # the schedule counts training steps, skipped or not
             return metrics
         with watch("logprob"):
             for _, method in self.methods:
