@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: quickstart test bench bench-trl clean
+.PHONY: quickstart test embedded bench bench-trl mutants clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,8 +20,18 @@ quickstart: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
+# Regenerate the embedded model's shipped weights (src/reasonrl/policy/embedded/) after a
+# change to the default TinySpec or WARMUP_VERSION; about a minute on 2 cores.
+embedded: $(STAMP)
+	$(PY) -m reasonrl.policy.tiny --rebuild-embedded
+
 bench: $(STAMP)
 	$(PY) benchmarks/embedded_throughput.py
+
+# Hand-written mutants of the objective's wiring, each run against its tests on a copy of src/
+# (benchmarks/mutants.py; ARGS="--only NAME", "-j 2"); about 10 minutes on 2 cores.
+mutants: $(STAMP)
+	$(PY) benchmarks/mutants.py $(ARGS)
 
 bench-trl: $(STAMP)
 	$(VENV)/bin/pip install --quiet -e '.[bench]'

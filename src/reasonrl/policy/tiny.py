@@ -3,12 +3,26 @@
 It is a standard ``LlamaForCausalLM`` (so every code path is the real one),
 created here and warmed up by a short supervised run on the embedded
 arithmetic task's worked solutions, which carry a systematic bracket mistake
-(see ``reasonrl.tasks.arithmetic``). The result is cached on disk keyed by
-its full configuration, so it is built once per machine and reproducibly.
+(see ``reasonrl.tasks.arithmetic``).
+
+The warmed-up weights of the default spec (``TinySpec()``, the model of
+``recipes/grpo.yaml``) ship inside the package, in ``embedded/`` next to this
+file, so every machine trains the same model: ``load_tiny_policy()`` loads
+them when the spec's key equals the shipped key, without building or writing
+to the cache. Any other spec is built on first use (float reduction order
+differs between machines, so a build is reproducible on one machine only)
+and cached on disk keyed by its full configuration.
+
+Regenerate the shipped weights after changing the default spec or
+``WARMUP_VERSION`` (about a minute on 2 cores; prints the new build's
+held-out greedy accuracy next to the shipped one's)::
+
+    python -m reasonrl.policy.tiny --rebuild-embedded     # or: make embedded
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -26,8 +40,16 @@ from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
 from reasonrl.policy.loading import default_cache_dir, load_hf_policy
 from reasonrl.tasks.arithmetic import ArithmeticTask
 
-# Bump when the warm-up procedure changes in a way the config does not capture.
+# Bump when the warm-up procedure changes in a way the config does not capture
+# (then regenerate the shipped weights: python -m reasonrl.policy.tiny --rebuild-embedded).
 WARMUP_VERSION = 1
+
+# The shipped warmed-up weights of the default spec, and the file that names their spec and key.
+EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
+SPEC_FILE = "tiny_spec.json"
+REBUILD_COMMAND = "python -m reasonrl.policy.tiny --rebuild-embedded"
+# The held-out problems the rebuild command (and its test) measure a build on.
+EVAL_PROBLEMS, EVAL_MAX_NEW_TOKENS = 200, 32
 
 
 @dataclass(frozen=True)
@@ -109,21 +131,88 @@ def warm_up(policy: HFPolicy, task, spec: TinySpec, log=print) -> None:
             log(f"  warm-up step {step + 1}/{spec.warmup_steps}  loss {loss.item():.3f}  ({time.time() - start:.0f}s)")
 
 
-def load_tiny_policy(spec: TinySpec | None = None, cache_dir: str | Path | None = None, log=None) -> HFPolicy:
-    """Load the embedded model from the cache, building and warming it up on first use."""
+def build_tiny_policy(spec: TinySpec, log=print) -> HFPolicy:
+    """A new embedded model for ``spec``, warmed up in memory (nothing read from or written to disk)."""
+    task = spec.warmup_task()
+    tok = build_char_tokenizer(getattr(task, "alphabet", ARITHMETIC_CHARS))
+    model = new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    policy = HFPolicy(model, tok)
+    warm_up(policy, task, spec, log=log)
+    return policy
+
+
+def embedded_key(folder: Path = EMBEDDED_DIR) -> str | None:
+    """The spec key of the weights shipped in ``folder`` (None when there are none)."""
+    meta = folder / SPEC_FILE
+    if not (meta.is_file() and (folder / "config.json").is_file()):
+        return None
+    return json.loads(meta.read_text()).get("key")
+
+
+def load_tiny_policy(spec: TinySpec | None = None, cache_dir: str | Path | None = None, log=None,
+                     use_embedded: bool = True) -> HFPolicy:
+    """The embedded model: the shipped weights when ``spec`` is the shipped spec (its key
+    matches; ``use_embedded=False`` ignores them), else the cached build, building and warming
+    it up on first use."""
     spec = spec or TinySpec()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if use_embedded and embedded_key() == spec.key():
+        return load_hf_policy(EMBEDDED_DIR)
     prefix = "arith" if spec.task == "arithmetic" else spec.task
     path = Path(cache_dir or default_cache_dir()) / f"tiny-{prefix}-{spec.key()}"
     if not (path / "config.json").exists():
         log(f"building the embedded tiny model (one-off, cached at {path})")
-        task = spec.warmup_task()
-        tok = build_char_tokenizer(getattr(task, "alphabet", ARITHMETIC_CHARS))
-        model = new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
-        policy = HFPolicy(model, tok)
-        warm_up(policy, task, spec, log=log)
+        policy = build_tiny_policy(spec, log=log)
         with atomic_directory(path) as tmp:
             policy.save(tmp)
-            (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=1))
+            (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=1))
     return load_hf_policy(path)
 
+
+def heldout_accuracy(policy: HFPolicy) -> float:
+    """Greedy accuracy on the arithmetic task's held-out problems (what the quickstart starts from)."""
+    from reasonrl.evaluate.accuracy import greedy_accuracy
+
+    return greedy_accuracy(policy, ArithmeticTask().eval_problems(EVAL_PROBLEMS), EVAL_MAX_NEW_TOKENS)["accuracy"]
+
+
+def rebuild_embedded(folder: Path = EMBEDDED_DIR, log=print) -> tuple[float | None, float]:
+    """Build ``TinySpec()`` from scratch and replace the shipped weights in ``folder`` (atomically).
+    Returns the held-out greedy accuracy of the weights shipped before (None if none) and of the new build."""
+    spec = TinySpec()
+    old = heldout_accuracy(load_hf_policy(folder)) if (folder / "config.json").is_file() else None
+    log(f"building TinySpec() (key {spec.key()}, warm-up version {WARMUP_VERSION})")
+    policy = build_tiny_policy(spec, log=log)
+    with atomic_directory(folder, overwrite=True) as tmp:
+        policy.save(tmp)
+        new = heldout_accuracy(load_hf_policy(tmp))  # measured on the files as shipped
+        meta = {"key": spec.key(), "warmup_version": WARMUP_VERSION, "spec": asdict(spec),
+                "heldout_greedy_accuracy": new, "torch": torch.__version__,
+                "built": time.strftime("%Y-%m-%d")}
+        (tmp / SPEC_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+        # Readable by everyone, like the rest of the package (mkdtemp and safetensors create 0700/0600).
+        tmp.chmod(0o755)
+        for file in tmp.iterdir():
+            file.chmod(0o644)
+    return old, new
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reasonrl.policy.tiny", description=(
+        "The embedded tiny model. --rebuild-embedded builds the default spec (TinySpec()) from scratch and "
+        "replaces the weights shipped in the package (run it after changing the spec or WARMUP_VERSION)."))
+    parser.add_argument("--rebuild-embedded", action="store_true",
+                        help=f"rebuild the shipped weights in {EMBEDDED_DIR} (about a minute on 2 cores)")
+    args = parser.parse_args(argv)
+    if not args.rebuild_embedded:
+        parser.print_help()
+        return 2
+    old, new = rebuild_embedded()
+    shipped = "none" if old is None else f"{old:.3f}"
+    print(f"held-out greedy accuracy ({EVAL_PROBLEMS} problems): new build {new:.3f}, previously shipped {shipped}")
+    print(f"wrote {EMBEDDED_DIR} (key {TinySpec().key()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
