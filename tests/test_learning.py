@@ -1,6 +1,6 @@
 """End-to-end: GRPO raises held-out accuracy of the embedded model.
 
-Uses the real embedded model (built once per test session, about a minute) and
+Uses the real embedded model (the shipped weights) and
 a shortened recipes/grpo.yaml. The base model solves bracketed problems as if
 the brackets were absent; the answer reward has to fix that.
 """

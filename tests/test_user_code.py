@@ -351,7 +351,7 @@ def readme_python_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-# The README example as written, on the mini model (the embedded one takes a minute to build).
+# The README example as written, on the mini model (a smaller, faster run than the embedded one).
 MINI_PRELUDE = f"""
 import runpy, sys
 import reasonrl.api

@@ -63,7 +63,8 @@ class TinyConfig:
 @dataclass
 class ModelConfig:
     backend: Literal["tiny", "hf"] = "tiny"
-    """``tiny``: the embedded character-level Llama (built and cached on first use);
+    """``tiny``: the embedded character-level Llama (its default weights ship with the package;
+    other ``tiny`` settings are built and cached on first use);
     ``hf``: any transformers causal LM at ``path``."""
     path: str | None = None
     """For ``backend: hf``: a local folder, a hub id (where the network allows), a
