@@ -259,9 +259,14 @@ class Trainer:
 
     def _optimise(self, batch: RolloutBatch, watch: Stopwatch) -> dict[str, float]:
         r = self.recipe
+        # The mini-batch's totals, computed once per mini-batch; holding the mini-batch itself
+        # (not its id) so a later one can never be mistaken for it.
+        current: dict[str, Any] = {"mini": None, "totals": None}
 
         def loss_fn(micro: RolloutBatch, mini: RolloutBatch, _pass: int, _j: int):
-            return micro_batch_loss(self.policy, micro, r.loss, totals(mini, r.loss, r.rollout.max_new_tokens),
+            if current["mini"] is not mini:
+                current.update(mini=mini, totals=totals(mini, r.loss, r.rollout.max_new_tokens))
+            return micro_batch_loss(self.policy, micro, r.loss, current["totals"],
                                     r.rollout.temperature, r.train.share_prompt)
 
         sums, norms = self.learner.optimise(batch, loss_fn, passes=r.train.num_iterations,
