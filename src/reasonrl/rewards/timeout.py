@@ -352,6 +352,18 @@ atexit.register(_shutdown_all)
 # -- the worker side ---------------------------------------------------------------
 
 
+def read_exact(fd: int, n: int) -> bytes | None:
+    """Exactly ``n`` bytes from ``fd`` (blocking), or None at EOF: a worker's framed reads
+    (here and in ``reasonrl.rewards.workers``)."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
 def _worker_main() -> None:
     """Entry point of the worker process (see ``_BOOTSTRAP``); serves calls until EOF."""
     import importlib
@@ -369,18 +381,9 @@ def _worker_main() -> None:
     os.close(devnull)
     os.dup2(2, 1)
 
-    def read_exact(n: int) -> bytes | None:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = os.read(proto_in, n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
-
     def recv() -> bytes | None:
-        header = read_exact(_HEADER.size)
-        return None if header is None else read_exact(_HEADER.unpack(header)[0])
+        header = read_exact(proto_in, _HEADER.size)
+        return None if header is None else read_exact(proto_in, _HEADER.unpack(header)[0])
 
     def send(obj: Any) -> None:
         try:

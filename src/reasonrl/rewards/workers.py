@@ -83,6 +83,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from reasonrl.rewards.timeout import read_exact
+
 __all__ = ["Call", "Job", "Workers", "OK", "ERROR", "FATAL", "TIMEOUT", "CRASH", "shorten"]
 
 _CAN_FORK = hasattr(os, "fork")
@@ -541,20 +543,11 @@ def _worker_main(req_fd: int, res_fd: int, call: Call, parent: int, prctl: Any) 
     os.dup2(devnull, 0)  # a reward reading stdin gets EOF, not the terminal
     os.close(devnull)
 
-    def read_exact(n: int) -> bytes | None:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = os.read(req_fd, n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
-
     while True:
-        header = read_exact(_HEADER.size)
+        header = read_exact(req_fd, _HEADER.size)
         if header is None:
             return
-        blob = read_exact(_HEADER.unpack(header)[0])
+        blob = read_exact(req_fd, _HEADER.unpack(header)[0])
         if blob is None:
             return
         for k, payload in pickle.loads(blob):
