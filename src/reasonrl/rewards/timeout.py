@@ -19,6 +19,10 @@ raising, so a training run never dies of a slow verification.
 The worker is reused across calls (a round trip costs ~0.1 ms, a fresh process
 hundreds of ms), and a lock serialises callers, so one runner is safe to share
 between threads; concurrent calls queue rather than run in parallel.
+
+This module is the calling side (:class:`TimeoutRunner` and the shared default
+runner); what runs in the worker, and the frame format both ends speak, is in
+``timeout_worker.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ import enum
 import os
 import pickle
 import select
-import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -40,21 +42,28 @@ from typing import Any, Callable, Iterable
 
 __all__ = ["Status", "CallResult", "TimeoutRunner", "run_with_timeout", "default_runner"]
 
-_HEADER = struct.Struct("!Q")
-_FN_CACHE_SIZE = 256
-# Lets the worker notice that its parent died while the worker was busy (stdin EOF
-# only tells it when idle).
-_PARENT_POLL_S = 0.5
-
-# The worker is started from this file by path, not with ``-m``, so that starting
+# The worker is started from timeout_worker.py by path, not with ``-m``, so that starting
 # it never imports ``reasonrl.rewards/__init__`` (and with it torch: ~2 s, ~200 MB).
 # ``-P`` keeps the current directory off sys.path until the parent's sys.path arrives,
 # so a stray ``pickle.py`` in the working directory cannot shadow the stdlib.
+_WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timeout_worker.py")
 _BOOTSTRAP = (
     "import sys, importlib.util as u; "
     "s = u.spec_from_file_location('_reasonrl_timeout_worker', sys.argv[1]); "
-    "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m); m._worker_main()"
+    "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m); m.worker_main()"
 )
+
+if __package__:
+    from reasonrl.rewards.timeout_worker import HEADER, read_exact  # noqa: F401  (read_exact: re-exported)
+else:
+    # Loaded by path, outside the package (as a test does, to keep torch out): importing
+    # the package would run its __init__, so load the sibling by path too.
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("_reasonrl_timeout_worker", _WORKER_FILE)
+    _worker_module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_worker_module)
+    HEADER, read_exact = _worker_module.HEADER, _worker_module.read_exact
 
 
 class Status(enum.Enum):
@@ -221,7 +230,7 @@ class TimeoutRunner:
     def _start(self) -> None:
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-c", _BOOTSTRAP, os.path.abspath(__file__)],
+                [sys.executable, "-P", "-c", _BOOTSTRAP, _WORKER_FILE],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, bufsize=0, close_fds=True)
         except OSError as exc:
             raise _WorkerGone(f"cannot start the worker: {exc}") from None
@@ -253,7 +262,7 @@ class TimeoutRunner:
                 pass
 
     def _send(self, payload: bytes) -> None:
-        data = memoryview(_HEADER.pack(len(payload)) + payload)
+        data = memoryview(HEADER.pack(len(payload)) + payload)
         fd = self._proc.stdin.fileno()
         try:
             while data:
@@ -262,7 +271,7 @@ class TimeoutRunner:
             raise _WorkerGone(self._death_message(f"cannot write to worker ({exc})")) from None
 
     def _recv(self, deadline: float | None) -> tuple:
-        (size,) = _HEADER.unpack(self._read_exact(_HEADER.size, deadline))
+        (size,) = HEADER.unpack(self._read_exact(HEADER.size, deadline))
         return pickle.loads(self._read_exact(size, deadline))
 
     def _read_exact(self, n: int, deadline: float | None) -> bytes:
@@ -347,112 +356,3 @@ def _shutdown_all() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_shutdown_all)
-
-
-# -- the worker side ---------------------------------------------------------------
-
-
-def read_exact(fd: int, n: int) -> bytes | None:
-    """Exactly ``n`` bytes from ``fd`` (blocking), or None at EOF: a worker's framed reads
-    (here and in ``reasonrl.rewards.workers``)."""
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-def _worker_main() -> None:
-    """Entry point of the worker process (see ``_BOOTSTRAP``); serves calls until EOF."""
-    import importlib
-    import importlib.util
-    import traceback
-    import types
-
-    # Ctrl-C reaches the whole process group; the parent decides what to do with it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Keep the protocol on private descriptors so that a print() or a C library
-    # writing to fd 1 (or reading fd 0) inside a job cannot corrupt the stream.
-    proto_in, proto_out = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
-
-    def recv() -> bytes | None:
-        header = read_exact(proto_in, _HEADER.size)
-        return None if header is None else read_exact(proto_in, _HEADER.unpack(header)[0])
-
-    def send(obj: Any) -> None:
-        try:
-            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001
-            payload = pickle.dumps(("error", f"cannot pickle the result: {type(exc).__name__}: {exc}", None))
-        data = memoryview(_HEADER.pack(len(payload)) + payload)
-        while data:
-            data = data[os.write(proto_out, data):]
-
-    def describe(exc: BaseException) -> tuple:
-        return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-
-    init_blob = recv()
-    if init_blob is None:
-        return
-    init = pickle.loads(init_blob)
-    sys.path[:] = init["sys_path"]
-    parent_pid = init["parent_pid"]
-
-    def watch_parent() -> None:
-        while True:
-            time.sleep(_PARENT_POLL_S)
-            if os.getppid() != parent_pid:
-                os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True, name="parent-watch").start()
-
-    try:
-        for name in init["skip_package_init"]:
-            if name in sys.modules:
-                continue
-            spec = importlib.util.find_spec(name)
-            if spec is None or spec.submodule_search_locations is None:
-                raise ImportError(f"skip_package_init: {name!r} is not a package")
-            pkg = types.ModuleType(name)
-            pkg.__path__ = list(spec.submodule_search_locations)
-            pkg.__spec__ = spec
-            pkg.__package__ = name
-            sys.modules[name] = pkg
-        for name in init["preload"]:
-            importlib.import_module(name)
-    except BaseException as exc:  # noqa: BLE001
-        send(describe(exc))
-        return
-    send(("ready", os.getpid()))
-
-    functions: dict[bytes, Callable] = {}
-    while True:
-        blob = recv()
-        if blob is None:
-            return  # parent closed the pipe or exited
-        try:
-            message = pickle.loads(blob)
-            if message[0] == "load":
-                sys.path[:] = message[2]
-                fn = pickle.loads(message[1])
-                if len(functions) >= _FN_CACHE_SIZE:
-                    functions.clear()
-                functions[message[1]] = fn
-                send(("loaded",))
-                continue
-            _, fn_blob, args, kwargs = message
-            fn = functions.get(fn_blob) or pickle.loads(fn_blob)
-            value = fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 — reported to the caller
-            send(describe(exc))
-            continue
-        except SystemExit as exc:
-            send(("error", f"SystemExit: {exc.code}", None))
-            continue
-        send(("ok", value))

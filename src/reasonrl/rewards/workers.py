@@ -64,6 +64,12 @@ counter it bumps, a module-level list it appends to) stay in that worker and are
 lost when it is replaced; rows and results must pickle. Where ``os.fork`` does
 not exist (Windows) the scorer falls back to in-process calls without timeouts
 and warns once.
+
+Where it lives: this module is the scorer's entry point, :class:`Workers` and
+:class:`Job`, and schedules jobs onto the workers; what crosses the pipes (the
+frames, the statuses, :data:`Call`) is in :mod:`reasonrl.rewards.worker_protocol`;
+forking, watching, killing and reaping the processes in
+:mod:`reasonrl.rewards.worker_procs`.
 """
 
 from __future__ import annotations
@@ -72,35 +78,24 @@ import math
 import os
 import pickle
 import select
-import signal
-import struct
-import sys
 import threading
 import time
 import warnings
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
-from reasonrl.rewards.timeout import read_exact
+from reasonrl.rewards.worker_procs import Pool, Worker, exited, forget, fork_worker, kill_worker, shutdown
+from reasonrl.rewards.worker_protocol import CRASH, ERROR, FATAL, OK, TIMEOUT, Call, frame, read_frames
 
 __all__ = ["Call", "Job", "Workers", "OK", "ERROR", "FATAL", "TIMEOUT", "CRASH", "shorten"]
 
 _CAN_FORK = hasattr(os, "fork")
-_HEADER = struct.Struct("!I")
 _MAX_ERROR_CHARS = 500
-_PARENT_POLL_S = 0.5
 # With N > 1 workers, a function's calls go out in about 4·N chunks: big enough to
 # keep the per-chunk round trip negligible, small enough to balance uneven calls.
 _CHUNKS_PER_WORKER = 4
-
-OK, ERROR, FATAL = "ok", "error", "fatal"  # worker replies; fatal = error, then the worker exits
-TIMEOUT, CRASH = "timeout", "crash"  # failures seen by the parent
-
-Call = Callable[[int, tuple], "tuple[str, Any]"]
-"""``call(k, payload) -> (status, value or error message)``, run in a worker: the status
-is ``OK``, ``ERROR`` or ``FATAL`` (an error after which the worker exits and is replaced)."""
 
 
 @dataclass(eq=False)
@@ -128,21 +123,21 @@ class Workers:
 
     def __init__(self, call: Call, sizes: list[int]) -> None:
         self._call = call
-        self._pools: list[_Pool] = []
+        self._pools: list[Pool] = []
         self._pool_of: list[int] = []
         shared: int | None = None
         for size in sizes:
             if size == 0:
                 if shared is None:
                     shared = len(self._pools)
-                    self._pools.append(_Pool(1))
+                    self._pools.append(Pool(1))
                 self._pool_of.append(shared)
             else:
                 self._pool_of.append(len(self._pools))
-                self._pools.append(_Pool(size))
+                self._pools.append(Pool(size))
         self._lock = threading.Lock()
         self._warned_inline = False
-        self._finalizer = weakref.finalize(self, _shutdown, self._pools, os.getpid())
+        self._finalizer = weakref.finalize(self, shutdown, self._pools, os.getpid())
 
     def run(self, jobs: list[Job]) -> None:
         """Run every job in its pool's workers (in-process where ``os.fork`` is missing);
@@ -160,7 +155,7 @@ class Workers:
         with self._lock:
             for p, pool in enumerate(self._pools):
                 while len(pool.workers) < pool.size:
-                    pool.workers.append(_fork_worker(self._call, p))
+                    pool.workers.append(fork_worker(self._call, p))
 
     @property
     def pids(self) -> list[int]:
@@ -173,7 +168,7 @@ class Workers:
         # killing the workers anyway is what unblocks it.
         acquired = self._lock.acquire(timeout=1.0)
         try:
-            _shutdown(self._pools, os.getpid())
+            shutdown(self._pools, os.getpid())
         finally:
             if acquired:
                 self._lock.release()
@@ -188,17 +183,17 @@ class Workers:
         chunk = [len(q) if pool.size == 1 else -(-len(q) // (pool.size * _CHUNKS_PER_WORKER))
                  for pool, q in zip(self._pools, queues)]
         poller = select.poll()  # not select.select: fds above 1024 are common in big jobs
-        by_fd: dict[int, _Worker] = {}
-        busy: list[_Worker] = []
+        by_fd: dict[int, Worker] = {}
+        busy: list[Worker] = []
 
-        def retire(w: _Worker, status: str | None, error: str) -> None:
+        def retire(w: Worker, status: str | None, error: str) -> None:
             # w is dead or must die: its current call gets ``status``, the rest go back to the queue.
             for fd in (w.res_fd, w.req_fd):
                 if by_fd.pop(fd, None) is not None:
                     poller.unregister(fd)
             busy.remove(w)
-            how = _kill(w)
-            _forget(self._pools[w.pool], w)
+            how = kill_worker(w)
+            forget(self._pools[w.pool], w)
             if w.jobs and status is not None:
                 job = w.jobs.popleft()
                 job.status, job.error = status, error.replace("{how}", how)
@@ -223,7 +218,7 @@ class Workers:
                                                                    f"{type(exc).__name__}: {exc}")
                             continue
                         w.jobs.extend(take)
-                        w.out = memoryview(_HEADER.pack(len(blob)) + blob)
+                        w.out = frame(blob)
                         w.deadline = now + take[0].timeout
                         busy.append(w)
                         by_fd[w.res_fd] = w
@@ -258,7 +253,7 @@ class Workers:
                         retire(w, CRASH, "the worker process died ({how})")
                         continue
                     try:
-                        fatal = self._read_frames(w, data)
+                        fatal = read_frames(w, data)
                     except Exception as exc:  # noqa: BLE001 — e.g. a reward that forked and kept running our loop
                         retire(w, CRASH, f"the worker broke the result protocol ({type(exc).__name__}); killed")
                         continue
@@ -277,23 +272,23 @@ class Workers:
         except BaseException:
             # Interrupted mid-protocol (KeyboardInterrupt...): the busy workers are out of step.
             for w in list(busy):
-                _kill(w)
-                _forget(self._pools[w.pool], w)
+                kill_worker(w)
+                forget(self._pools[w.pool], w)
             raise
 
-    def _idle_worker(self, pool: "_Pool", p: int, busy: list["_Worker"], q: deque) -> "_Worker | None":
+    def _idle_worker(self, pool: Pool, p: int, busy: list[Worker], q: deque) -> Worker | None:
         for w in list(pool.workers):
             if w in busy:
                 continue
-            if _exited(w):  # died while idle (nothing of ours was running): just replace it
-                _kill(w)
+            if exited(w):  # died while idle (nothing of ours was running): just replace it
+                kill_worker(w)
                 pool.workers.remove(w)
                 continue
             return w
         if len(pool.workers) >= pool.size:
             return None
         try:
-            w = _fork_worker(self._call, p)
+            w = fork_worker(self._call, p)
         except OSError as exc:
             if pool.workers:
                 return None  # the live ones carry on with the queue
@@ -303,32 +298,6 @@ class Workers:
             return None
         pool.workers.append(w)
         return w
-
-    @staticmethod
-    def _read_frames(w: "_Worker", data: bytes) -> str | None:
-        """Consume result frames; returns the fatal error when the worker said it exits."""
-        w.buf += data
-        fatal = None
-        offset = 0
-        while len(w.buf) - offset >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(w.buf, offset)
-            if len(w.buf) - offset - _HEADER.size < size:
-                break
-            status, value = pickle.loads(w.buf[offset + _HEADER.size:offset + _HEADER.size + size])
-            offset += _HEADER.size + size
-            job = w.jobs.popleft()
-            if status == OK:
-                job.status, job.value = OK, value
-            elif status == FATAL:
-                job.status, job.error = CRASH, value
-                fatal = value
-                break
-            else:
-                job.status, job.error = ERROR, value
-            if w.jobs:
-                w.deadline = time.monotonic() + w.jobs[0].timeout
-        del w.buf[:offset]
-        return fatal
 
     def _run_inline(self, jobs: list[Job]) -> None:
         if not self._warned_inline:
@@ -343,223 +312,6 @@ class Workers:
                 job.status, job.error = ERROR, value
 
 
-def _forget(pool: "_Pool", w: "_Worker") -> None:
-    if w in pool.workers:  # close() from another thread may have emptied the pool already
-        pool.workers.remove(w)
-
-
 def shorten(text: str) -> str:
     """An error message cut to a length fit for a warning."""
     return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "…"
-
-
-# -- worker processes ----------------------------------------------------------------
-
-
-class _Pool:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.workers: list[_Worker] = []
-        _POOLS.add(self)
-
-
-@dataclass(eq=False)
-class _Worker:
-    pid: int
-    req_fd: int  # parent writes chunks of calls
-    res_fd: int  # parent reads result frames
-    pool: int
-    jobs: deque = field(default_factory=deque)
-    out: memoryview = field(default_factory=lambda: memoryview(b""))
-    buf: bytearray = field(default_factory=bytearray)
-    deadline: float = 0.0
-    reaped: str | None = None  # how it ended, once waited for (its pid may then be reused)
-
-
-_POOLS: "weakref.WeakSet[_Pool]" = weakref.WeakSet()
-# Parent-side pipe ends of every live worker: a forked child closes them all, so that
-# a worker's death is seen as EOF and no child can talk to another's worker.
-_PARENT_FDS: set[int] = set()
-_FORK_LOCK = threading.Lock()
-_PR_SET_PDEATHSIG = 1
-_prctl: Any = None
-
-
-def _load_prctl() -> Any:
-    # Resolved in the parent: dlopen in a freshly forked child can deadlock on the loader lock.
-    global _prctl
-    if _prctl is None:
-        _prctl = False
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                _prctl = ctypes.CDLL(None, use_errno=True).prctl
-            except (OSError, AttributeError):
-                pass
-    return _prctl
-
-
-def _fork_worker(call: Call, pool: int) -> _Worker:
-    prctl = _load_prctl()
-    from_main_thread = threading.current_thread() is threading.main_thread()
-    parent = os.getpid()
-    for stream in (sys.stdout, sys.stderr):  # else the child would print the parent's buffered text again
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    with _FORK_LOCK:  # no other thread's fork may copy these pipes before they are in _PARENT_FDS
-        req_r, req_w = os.pipe()
-        res_r, res_w = os.pipe()
-        _PARENT_FDS.update((req_w, res_r))
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: "fork() in a multi-threaded process"
-                pid = os.fork()
-        except OSError:
-            _PARENT_FDS.difference_update((req_w, res_r))
-            for fd in (req_r, req_w, res_r, res_w):
-                os.close(fd)
-            raise
-    if pid == 0:  # the worker; the at-fork hook has closed the parent-side fds
-        code = 70
-        try:
-            _worker_main(req_r, res_w, call, parent, prctl if from_main_thread else None)
-            code = 0
-        except BaseException:  # noqa: BLE001
-            pass
-        finally:
-            os._exit(code)
-    os.close(req_r)
-    os.close(res_w)
-    os.set_blocking(req_w, False)  # a worker that stops reading must not block the parent
-    try:
-        os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
-    except OSError:
-        pass
-    return _Worker(pid, req_w, res_r, pool)
-
-
-def _exited(w: _Worker) -> bool:
-    """Whether the worker has exited (reaping it if so)."""
-    if w.reaped is None:
-        try:
-            pid, status = os.waitpid(w.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid, status = w.pid, None
-        if pid:
-            w.reaped = _how(status)
-    return w.reaped is not None
-
-
-def _how(status: int | None) -> str:
-    if status is None:
-        return "exit status unknown"
-    code = os.waitstatus_to_exitcode(status)
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-def _kill(w: _Worker) -> str:
-    """SIGKILL the worker and its process group, reap it; returns how it ended."""
-    if w.reaped is None:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(w.pid, signal.SIGKILL)
-                break
-            except (ProcessLookupError, PermissionError):
-                continue
-        try:
-            w.reaped = _how(os.waitpid(w.pid, 0)[1])
-        except ChildProcessError:
-            w.reaped = _how(None)
-    for fd in (w.req_fd, w.res_fd):
-        _PARENT_FDS.discard(fd)
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    w.req_fd = w.res_fd = -1
-    return w.reaped
-
-
-def _shutdown(pools: list[_Pool], owner: int) -> None:
-    if os.getpid() != owner:  # a forked copy of the scorer owns no workers
-        return
-    for pool in pools:
-        workers, pool.workers = pool.workers, []
-        for w in workers:
-            _kill(w)
-
-
-def _after_fork_in_child() -> None:
-    # Whatever forked us (our own worker start, a DataLoader, a user's Pool), the
-    # workers belong to the parent: forget them and close our copies of their pipes.
-    global _FORK_LOCK
-    _FORK_LOCK = threading.Lock()  # it was held by the forking thread
-    for fd in list(_PARENT_FDS):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _PARENT_FDS.clear()
-    for pool in list(_POOLS):
-        pool.workers = []
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _worker_main(req_fd: int, res_fd: int, call: Call, parent: int, prctl: Any) -> None:
-    """The worker loop: read a chunk of calls, answer each with one frame, until EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        os.setpgid(0, 0)  # own process group: a kill takes whatever the reward started with it
-    except OSError:
-        pass
-    if prctl:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before PDEATHSIG was set
-        return
-
-    def watch_parent() -> None:  # for calls made off the main thread, and where prctl is missing
-        while True:
-            time.sleep(_PARENT_POLL_S)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True, name="parent-watch").start()
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)  # the parent's OpenMP pool did not survive the fork
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # a reward reading stdin gets EOF, not the terminal
-    os.close(devnull)
-
-    while True:
-        header = read_exact(req_fd, _HEADER.size)
-        if header is None:
-            return
-        blob = read_exact(req_fd, _HEADER.unpack(header)[0])
-        if blob is None:
-            return
-        for k, payload in pickle.loads(blob):
-            status, value = call(k, payload)
-            reply = pickle.dumps((status, value), protocol=pickle.HIGHEST_PROTOCOL)
-            data = memoryview(_HEADER.pack(len(reply)) + reply)
-            while data:
-                data = data[os.write(res_fd, data):]
-            if status == FATAL:
-                return
-        for stream in (sys.stdout, sys.stderr):  # os._exit would drop what a reward printed
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
