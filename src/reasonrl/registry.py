@@ -149,6 +149,12 @@ def register_passed_object(obj: Any, taken: Dict[str, Any] | None = None) -> str
     return name
 
 
+def only_in_this_process(name: str) -> bool:
+    """Whether the generated name of a passed object resolves only in the process it was passed
+    to (a script's ``__main__`` function, a local function or lambda, a callable instance)."""
+    return name in _PASSED and (name.startswith("__main__:") or "<" in name)
+
+
 def passed_object_name(obj: Any) -> str:
     if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj):
         module = getattr(obj, "__module__", None) or "<unknown module>"
@@ -347,3 +353,5 @@ OPTIMIZERS = Registry("optimizer")
 SCHEDULES = Registry("LR schedule")
 PROMPT_SAMPLERS = Registry("prompt sampler", expects="class")
 METHODS = Registry("method", expects="class")
+OFF_POLICY = Registry("off-policy correction")
+ROLLOUT_SOURCES = Registry("rollout source", expects="class")

@@ -9,3 +9,4 @@ from reasonrl.algos import residual  # noqa: F401  (registration: Residual Advan
 from reasonrl.algos import bag_of_tokens  # noqa: F401  (registers "bot_grpo")
 from reasonrl.algos import dropout  # noqa: F401  (registration: GRPODropout selector + advantage)
 from reasonrl.algos import witness  # noqa: F401  (registers the "mwrl" advantage)
+from reasonrl.algos import offpolicy  # noqa: F401  (registers OFF_POLICY corrections: tis, mis, decoupled_ppo, ...)

@@ -4,43 +4,29 @@ Sampling is our own batched loop over ``model(...)`` with the KV cache rather
 than ``model.generate``: it runs each distinct prompt once (one prefill per
 group, cache expanded to G), stops as soon as every sequence has ended, and
 returns the sampling log-probs that asynchronous/IS-corrected training needs.
+The loop (``reasonrl.policy.sampling``) drops finished rows from the decode batch and
+takes a ``refresh`` hook for in-flight weight updates; ``weights``/``set_weights`` move the
+trainable state as plain tensors and ``sampling_copy`` makes a (bfloat16) sampler twin.
 Log-prob passes compute LM-head logits only at completion positions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers.utils import logging as hf_logging
 
+from reasonrl.policy.sampling import Samples, cut_at_stop, position_ids_from_mask, sample_completions
+
+__all__ = ["HFPolicy", "Samples", "cut_at_stop", "position_ids_from_mask", "token_logprobs_and_entropy"]
+
 # Weight loading/saving bars would interleave with our own progress output.
 hf_logging.disable_progress_bar()
-
-
-@dataclass
-class Samples:
-    """``num_prompts * G`` completions, row ``i`` answering prompt ``i // G``."""
-
-    prompt_ids: Tensor  # [N, P] left-padded
-    prompt_mask: Tensor  # [N, P]
-    completion_ids: Tensor  # [N, T] right-padded; includes the EOS token when produced
-    completion_mask: Tensor  # [N, T]
-    sample_logprobs: Tensor  # [N, T] log-probs under the sampling distribution
-    truncated: Tensor  # [N] bool: hit max_new_tokens without EOS
-    texts: list[str]
-
-
-def cut_at_stop(text: str, stop: list[str]) -> str:
-    cuts = [text.find(s) for s in stop if s in text]
-    return text[: min(cuts)] if cuts else text
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def token_logprobs_and_entropy(logits: Tensor, tokens: Tensor, temperature: float, with_entropy: bool):
@@ -88,95 +74,35 @@ class HFPolicy:
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         stop: list[str] | None = None,
+        refresh: Callable[[], int] | None = None,
+        compact: bool = True,
     ) -> Samples:
         """Sample ``num_generations`` completions per prompt (temperature 0 = greedy).
 
         A completion ends at EOS, at the first occurrence of any ``stop`` string (the
         text is cut before it; its tokens stay in the completion, since the model did
         sample them), or at ``max_new_tokens`` (then it is marked truncated).
+
+        ``refresh`` (partial rollouts): called once before the prefill and once before every
+        decode forward after it, i.e. between tokens; it may load newer weights into this
+        policy's model in place (e.g. with :meth:`set_weights`) and returns the policy version
+        now loaded. ``Samples.token_versions`` then records, per token, the version whose
+        logits sampled it, and ``sample_logprobs`` stay the log-probs under those weights. The
+        KV cache computed under older weights is kept, not recomputed (as PipelineRL's
+        in-flight updates do): a token sampled after an update sees the earlier positions
+        through keys/values of the weights that were loaded when those positions were fed.
+
+        ``compact``: rows that have ended leave the decode batch (their KV cache, mask and
+        positions are dropped). It changes nothing that is sampled, only what it costs.
         """
-        model, eos, pad = self.model, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        was_training = model.training
-        model.eval()
+        was_training = self.model.training
+        self.model.eval()
         ids, mask = self.encode_prompts(prompts)
-        pos = position_ids_from_mask(mask)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        cache, logits = out.cache, out.logits[:, -1]
-        # One prefill per distinct prompt; the G samples share it through the expanded cache.
-        g = num_generations
-        cache.batch_repeat_interleave(g)
-        logits = logits.repeat_interleave(g, dim=0)
-        mask = mask.repeat_interleave(g, dim=0)
-        next_pos = pos[:, -1:].repeat_interleave(g, dim=0) + 1
-        n = mask.shape[0]
-        done = torch.zeros(n, dtype=torch.bool, device=self.device)
-        stopped = torch.zeros_like(done)
-        ended_at_eos = torch.zeros_like(done)
-        # Each row's length is counted while it runs, never inferred from the tokens afterwards:
-        # where pad == EOS (SmolLM2) the padding after a stop string would read as a first EOS.
-        lengths = torch.zeros(n, dtype=torch.long, device=self.device)
-        # A stop string spans at most this many tokens (each token decodes to >= 1 character).
-        stop_window = max((len(s) for s in stop), default=0) + 1 if stop else 0
-        tokens, logps = [], []
-        for step in range(max_new_tokens):
-            logits_f = logits.float()
-            if temperature > 0:
-                logp_all = F.log_softmax(logits_f / temperature, dim=-1)
-                tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-            else:
-                logp_all = F.log_softmax(logits_f, dim=-1)
-                tok = logp_all.argmax(-1)
-            lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            tok = torch.where(done, torch.full_like(tok, pad), tok)
-            tokens.append(tok)
-            logps.append(torch.where(done, torch.zeros_like(lp), lp))
-            lengths += (~done).long()
-            hit_eos = ~done & (tok == eos)
-            ended_at_eos |= hit_eos
-            done = done | hit_eos
-            if stop_window:
-                hit = self._stop_hits(tokens, done, stop, stop_window)
-                stopped |= hit
-                done |= hit
-            if bool(done.all()) or step == max_new_tokens - 1:
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
-                        cache=cache, use_cache=True)
-            cache, logits = out.cache, out.logits[:, -1]
-            next_pos = next_pos + 1
-        model.train(was_training)
-
-        completion = torch.stack(tokens, dim=1)
-        # A completion is every token sampled while its row ran: up to and including the
-        # EOS, or the last token of a stop string, or the whole budget.
-        completion_mask = (torch.arange(completion.shape[1], device=self.device) < lengths.unsqueeze(-1)).long()
-        completion = torch.where(completion_mask.bool(), completion, torch.full_like(completion, pad))
-        texts = self.tokenizer.batch_decode(completion, skip_special_tokens=True)
-        if stop:
-            texts = [cut_at_stop(t, stop) for t in texts]
-        prompt_ids, prompt_mask = self.encode_prompts(prompts)
-        return Samples(
-            prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
-            prompt_mask=prompt_mask.repeat_interleave(g, dim=0),
-            completion_ids=completion,
-            completion_mask=completion_mask,
-            sample_logprobs=torch.stack(logps, dim=1) * completion_mask,
-            truncated=~ended_at_eos & ~stopped,
-            texts=texts,
-        )
-
-    def _stop_hits(self, tokens: list[Tensor], done: Tensor, stop: list[str], window: int) -> Tensor:
-        """Rows still running whose recent text contains a stop string."""
-        running = torch.nonzero(~done).squeeze(-1).tolist()
-        hits = torch.zeros_like(done)
-        if not running:
-            return hits
-        recent = torch.stack(tokens[-window:], dim=1)[running]
-        for row, text in zip(running, self.tokenizer.batch_decode(recent, skip_special_tokens=True)):
-            if any(s in text for s in stop):
-                hits[row] = True
-        return hits
+        try:
+            return sample_completions(self.model, self.tokenizer, ids, mask, num_generations, max_new_tokens,
+                                      temperature, generator, stop, refresh=refresh, compact=compact)
+        finally:
+            self.model.train(was_training)
 
     def sampling_bytes(self, rows: int, length: int) -> int:
         """About how much memory sampling ``rows`` sequences of ``length`` tokens takes: the KV
@@ -294,6 +220,66 @@ class HFPolicy:
         if unexpected or set(missing) - tied:
             raise ValueError(f"weights in {path} do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
                              f"unexpected {unexpected[:5]}")
+
+    def _live_state(self) -> dict[str, Tensor]:
+        """The trainable state as the model's own tensors (not copies): the adapter weights of a
+        PEFT model, else the full state dict with each tied tensor under its first name only."""
+        from reasonrl.policy.lora import is_peft
+
+        state = self.model.state_dict(keep_vars=True)
+        if is_peft(self.model):
+            from peft import get_peft_model_state_dict
+
+            return get_peft_model_state_dict(self.model, state_dict=state)
+        seen: set[int] = set()
+        live = {}
+        for name, tensor in state.items():
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                live[name] = tensor
+        return live
+
+    def weights(self) -> dict[str, Tensor]:
+        """Detached CPU copies of the trainable state (see :meth:`set_weights`): plain tensors
+        that another process's sampler (or an inference engine) can load."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self._live_state().items()}
+
+    @torch.no_grad()
+    def set_weights(self, state: dict[str, Tensor]) -> None:
+        """Copy ``state`` (as :meth:`weights` returns it) into the model in place, cast to the
+        model's dtype and device; exact for the same dtype. Every key must match."""
+        live = self._live_state()
+        missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+        if missing or unexpected:
+            raise ValueError(f"weights do not fit the model: missing {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+                             f"({len(missing)}), unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} "
+                             f"({len(unexpected)})")
+        wrong = [(k, tuple(state[k].shape), tuple(t.shape)) for k, t in live.items() if state[k].shape != t.shape]
+        if wrong:
+            raise ValueError(f"weights do not fit the model: shape of {wrong[0][0]} is {wrong[0][1]}, "
+                             f"the model's is {wrong[0][2]} ({len(wrong)} tensors differ)")
+        for name, tensor in live.items():
+            tensor.copy_(state[name])
+
+    def sampling_copy(self, dtype: str | torch.dtype | None = None) -> HFPolicy:
+        """A separate policy for sampling beside this (learner) one: a deep copy of the model,
+        optionally cast to ``dtype`` (e.g. ``"bfloat16"``), in eval mode (sampling runs under no_grad),
+        sharing this policy's tokenizer object. Keep it current with
+        ``copy.set_weights(learner.weights())``."""
+        if isinstance(dtype, str):
+            if dtype not in ("float32", "bfloat16", "float16"):
+                raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+            dtype = getattr(torch, dtype)
+        model = copy.deepcopy(self.model)
+        if dtype is not None:
+            model = model.to(dtype)
+        # The parameters keep the learner's requires_grad: with requires_grad off, torch's CPU
+        # linear takes another kernel whose results differ in the last bits (3.6e-7 measured on
+        # the tiny model), and an async run at staleness 0 would no longer equal the sync run.
+        model.eval()
+        twin = HFPolicy(model, self.tokenizer, self.device)
+        twin.chat_template = self.chat_template
+        return twin
 
     def parameters(self):
         return (p for p in self.model.parameters() if p.requires_grad)

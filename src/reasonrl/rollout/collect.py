@@ -8,6 +8,7 @@ are sampled, up to ``max_sampling_rounds`` rounds per step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -40,12 +41,19 @@ def stop_strings(recipe: Recipe, task) -> list[str] | None:
 def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], recipe: Recipe,
                      generator: torch.Generator, group_offset: int,
                      policy_version: int, watch: Stopwatch,
-                     stop: list[str] | None = None) -> tuple[RolloutBatch, dict[str, int]]:
-    """One round: G samples per problem, scored. Returns the batch and reward-failure counts."""
+                     stop: list[str] | None = None,
+                     refresh: Callable[[], int] | None = None) -> tuple[RolloutBatch, dict[str, int]]:
+    """One round: G samples per problem, scored. Returns the batch and reward-failure counts.
+    With ``refresh`` (partial rollouts) the policy may receive new weights between tokens; each
+    token then records its version and the batch's ``policy_version`` is the oldest of them."""
     g = recipe.rollout.num_generations
     with watch("sample"):
         samples = policy.sample([p.prompt for p in problems], g, recipe.rollout.max_new_tokens,
-                                recipe.rollout.temperature, generator=generator, stop=stop)
+                                recipe.rollout.temperature, generator=generator, stop=stop,
+                                **({"refresh": refresh} if refresh is not None else {}))
+    token_versions = getattr(samples, "token_versions", None)
+    if token_versions is not None and bool(samples.completion_mask.any()):
+        policy_version = int(token_versions[samples.completion_mask.bool()].min())
     rows = [p for p in problems for _ in range(g)]
     num_tokens = samples.completion_mask.sum(-1).tolist()
     with watch("score"):
@@ -68,6 +76,7 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
         truncated=samples.truncated,
         policy_version=policy_version,
         sample_logprobs=samples.sample_logprobs,
+        token_versions=token_versions,
         meta=meta,
     )
     return batch, scores.failures
@@ -75,7 +84,8 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
 
 def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: int,
             generator: torch.Generator, policy_version: int,
-            watch: Stopwatch, sampler: PromptSampler) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
+            watch: Stopwatch, sampler: PromptSampler,
+            refresh: Callable[[], int] | None = None) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
     """Returns (batch to train on, every sampled row for metrics, stats). The prompt sampler
     chooses each round's problems and observes every one of them with its G rewards."""
     n = recipe.train.prompts_per_step
@@ -90,7 +100,7 @@ def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: 
             raise ValueError(f"task '{recipe.task.name}' returned no problems for step {step}")
         batch, failures = sample_and_score(policy, scorer, problems, recipe, generator,
                                            group_offset=stats.sampled_groups, policy_version=policy_version,
-                                           watch=watch, stop=stop_strings(recipe, task))
+                                           watch=watch, stop=stop_strings(recipe, task), refresh=refresh)
         g = recipe.rollout.num_generations
         rewards = batch.rewards.tolist()
         sampler.observe(problems, [rewards[i * g:(i + 1) * g] for i in range(len(problems))], step)

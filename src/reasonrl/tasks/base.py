@@ -32,3 +32,18 @@ def in_eval_split(text: str, eval_fraction: float) -> bool:
     never overlaps training, on every machine and in every Python process."""
     digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:4], "big") / 2**32 < eval_fraction
+
+
+def build_task(recipe):
+    """The recipe's training task; a task that yields no problems is a recipe error."""
+    from reasonrl.params import ConfigError
+    from reasonrl.registry import TASKS
+
+    try:
+        task = TASKS.get(recipe.task.name)(**recipe.task.params)
+        first = task.train_problems(0, 1, recipe.train.seed)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"task '{recipe.task.name}': {exc}") from None
+    if not first:
+        raise ConfigError(f"task '{recipe.task.name}' has no training problems")
+    return task

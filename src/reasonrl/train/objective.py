@@ -1,4 +1,4 @@
-"""The objective on one micro-batch: policy loss + KL + entropy, aggregated.
+"""The objective on one micro-batch: (IS-weighted) policy loss + KL + entropy, aggregated.
 
 Every term is aggregated with the totals of the whole mini-batch (tokens and
 sequences), so summing micro-batch losses gives exactly the mini-batch loss
@@ -60,7 +60,10 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
     old = micro.old_logprobs if micro.old_logprobs is not None else logp.detach()
     out = POLICY_LOSSES.get(cfg.policy)(logp, old, micro.advantages, mask, **cfg.policy_params())
     agg = dict(mode=cfg.agg, total_tokens=totals.tokens, total_seqs=totals.seqs, norm_len=totals.norm_len)
-    loss = aggregate(out.loss, mask, **agg)
+    # Off-policy correction weights (``train.behaviour``) multiply the policy term only, as verl's
+    # rollout IS weights do; the KL and entropy terms are not importance-weighted.
+    policy_term = out.loss if micro.is_weights is None else out.loss * micro.is_weights
+    loss = aggregate(policy_term, mask, **agg)
     stats = {"tokens": float(mask.sum()), "loss": float(loss.detach())}
     per_token = {**out.token_metrics, "entropy": entropy}
     if micro.ref_logprobs is not None:

@@ -1,13 +1,14 @@
 """The ``Trainer``: wires the stages together and runs the loop. No algorithm lives here.
 
-    sampler → sample G per prompt → score → select → methods.annotate → advantages
-    → num_iterations passes over mini-batches (the Learner) → methods.after_update → repeat
+    source.next_batch (prompt sampler → sample G per prompt → score) → select → methods.annotate
+    → behaviour/proximal log-probs, off-policy weights → advantages → num_iterations passes over
+    mini-batches (the Learner) → methods.after_update → source.publish(weights) → repeat
 
 No method is named here: components that own models or state come in through the method
 hooks (``reasonrl.methods``), optimisers and schedules through their registries
-(``reasonrl.train.optim``), prompts through the prompt sampler (``reasonrl.rollout.samplers``).
-Each batch records the ``policy_version`` (optimiser steps so far) that sampled it, so a
-later asynchronous mode can bound staleness.
+(``reasonrl.train.optim``), prompts through the prompt sampler (``reasonrl.rollout.samplers``), batches through the rollout
+source (``reasonrl.rollout.sources``: sync, simulated staleness, async). Each batch records the
+``policy_version`` (optimiser steps so far) that sampled it, so staleness is measured and bounded.
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ from reasonrl.methods.base import MethodContext, build_methods
 from reasonrl.params import inject
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
-from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, PROMPT_SAMPLERS, SELECTORS, TASKS, TOKEN_REWARDS
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, PROMPT_SAMPLERS, ROLLOUT_SOURCES, SELECTORS, TOKEN_REWARDS
 from reasonrl.rewards.scorer import build_scorer
 from reasonrl.rewards.token_level import dense_token_rewards
-from reasonrl.rollout.collect import check_rollout_fits, collect
+from reasonrl.rollout.collect import check_rollout_fits
+from reasonrl.rollout.sources import SourceContext
+from reasonrl.tasks.base import build_task  # noqa: F401  (also part of this module's API)
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.train.metrics import MetricsWriter, finite_or_none, read_metrics
+from reasonrl.train.behaviour import prepare_behaviour
 from reasonrl.train.objective import batch_logprobs, micro_batch_loss, reduce_stats, totals
 from reasonrl.train.optim import Learner
 from reasonrl.train.progress import Progress
@@ -57,18 +61,6 @@ def seed_everything(seed: int) -> torch.Generator:
 def outcome_token_rewards(batch: RolloutBatch) -> torch.Tensor:
     """The scalar reward placed on each completion's last trained token (verl's convention)."""
     return batch.rewards.unsqueeze(-1) * last_token_mask(batch.response_mask).float()
-
-
-def build_task(r: Recipe):
-    """The training task; a task that yields no problems is a recipe error."""
-    try:
-        task = TASKS.get(r.task.name)(**r.task.params)
-        first = task.train_problems(0, 1, r.train.seed)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"task '{r.task.name}': {exc}") from None
-    if not first:
-        raise ConfigError(f"task '{r.task.name}' has no training problems")
-    return task
 
 
 @dataclass
@@ -109,6 +101,9 @@ class Trainer:
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
         self.learner = Learner(self.policy.parameters(), r.optim, r.train.steps)
         self.methods = build_methods(r)
+        self.source = ROLLOUT_SOURCES.get(r.rollout.source)(SourceContext(
+            recipe=r, policy=self.policy, scorer=self.scorer, task=self.task, sampler=self.sampler,
+            generator=self.generator, log=self.log))
         ctx = MethodContext(recipe=r, policy=self.policy, run_dir=self.run_dir, log=self.log,
                             learner=lambda params, optim: Learner(params, optim, r.train.steps))
         for _, method in self.methods:
@@ -121,7 +116,7 @@ class Trainer:
             "rng": ckpt.rng_state(self.generator),
             "train_state": self.state.__dict__.copy(),
             "recipe": self.recipe.to_dict(),
-            "sampler": self.sampler.state_dict(),
+            "source": self.source.state_dict(),  # the prompt sampler's state and the sampler's weights
             "methods": {name: method.state_dict() for name, method in self.methods},
         }
 
@@ -130,7 +125,8 @@ class Trainer:
         self.learner.load_state_dict(saved)
         ckpt.restore_rng(saved["rng"], self.generator)
         self.state = TrainState(**saved["train_state"])
-        self.sampler.load_state_dict(saved.get("sampler", {}))
+        # Checkpoints from before rollout sources held the prompt sampler's state at the top level.
+        self.source.load_state_dict(saved.get("source") or {"sampler": saved.get("sampler", {})})
         states = saved.get("methods")
         if states is None and self.methods:
             raise ConfigError(f"--resume {self.run_dir}: its checkpoint was written before method hooks existed; "
@@ -162,6 +158,7 @@ class Trainer:
         writer = MetricsWriter(self.run_dir, resume_step=resume_step, trackers=trackers)
         final_eval = EvalResult({})
         try:
+            self.source.start(self.state.policy_version, self.state.step)  # an async sampler starts now
             if not self.resume and self.evaluator.problems:
                 base = self.evaluator(self.policy)
                 self.state.base_eval, self.state.base_eval_ci = base.metrics, base.intervals
@@ -173,6 +170,7 @@ class Trainer:
                 step = self.state.step
                 metrics = self.train_step(step)
                 self.state.step = step + 1
+                self.source.publish(self.policy, self.state.policy_version, self.state.step)
                 if r.eval.every and self.state.step % r.eval.every == 0 and self.state.step < r.train.steps:
                     metrics.update({f"eval/{k}": v for k, v in self.evaluator(self.policy).metrics.items()})
                 self.state.wall_seconds = wall_before + time.perf_counter() - started
@@ -187,6 +185,7 @@ class Trainer:
                 writer.write(self.state.step, {f"eval/{k}": v for k, v in final_eval.metrics.items()})
         finally:
             writer.close()
+            self.source.close()
             self.scorer.close()
         self.policy.save(self.run_dir / "final_model")
         if r.model.lora is not None and r.model.save_merged:
@@ -204,9 +203,8 @@ class Trainer:
         r = self.recipe
         watch = Stopwatch()
         step_start = time.perf_counter()
-        batch, sampled, stats = collect(self.policy, self.scorer, self.task, r, step, self.generator,
-                                        self.state.policy_version, watch, self.sampler)
-        metrics = self._rollout_metrics(sampled, stats)
+        batch, sampled, stats = self.source.next_batch(step, self.state.policy_version, watch)
+        metrics = {**self._rollout_metrics(sampled, stats), **self.source.metrics()}
         pipeline = {"step": step, "total_steps": r.train.steps}
         for (select, params), spec in zip(self.selectors, r.selection):
             selected = inject(select, (batch,), pipeline, params)
@@ -224,6 +222,7 @@ class Trainer:
         with watch("logprob"):
             for _, method in self.methods:
                 metrics.update(method.annotate(batch, step))
+            metrics.update(prepare_behaviour(batch, r, self.policy, self.state.policy_version, self.source.off_policy))
             self._prepare_advantages(batch, step)
         metrics.update(self._optimise(batch, watch))
         with watch("methods"):
@@ -241,9 +240,6 @@ class Trainer:
     def _prepare_advantages(self, batch: RolloutBatch, step: int) -> None:
         r = self.recipe
         mb, temp, share = r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt
-        # π_old is needed only when some optimiser step sees data the policy has moved past.
-        if r.train.num_iterations > 1 or 0 < r.train.mini_batch_size < len(batch):
-            batch.old_logprobs = batch_logprobs(self.policy, batch, mb, temp, share)
         if self.ref_policy is not None:
             batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp, share)
         # Credit is computed on every trained token; masking truncated rows is the loss's business

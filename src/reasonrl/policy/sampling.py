@@ -1,0 +1,175 @@
+"""The batched KV-cache decode loop behind ``HFPolicy.sample``.
+
+One prefill per distinct prompt (the cache is expanded to its G rows), then one
+``model(...)`` forward per new token over the rows still running. Two levers on top:
+
+* **Compaction.** A row that has ended (EOS, stop string) leaves the decode batch: its rows of
+  the KV cache, attention mask and positions are dropped, so a long tail stops paying for
+  finished rows. What is sampled does not change: the generator is consumed exactly as
+  without compaction (``torch.multinomial`` still draws over a full ``[n, V]`` matrix, the
+  live rows in their original places, finished rows holding any valid distribution), and
+  per-row bookkeeping is kept by original row index.
+* **Partial rollouts.** A ``refresh`` callback, called before the prefill and before every
+  decode forward, may load newer weights in place (PipelineRL-style in-flight updates) and
+  returns the version now loaded; each token records the version whose logits sampled it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class Samples:
+    """``num_prompts * G`` completions, row ``i`` answering prompt ``i // G``."""
+
+    prompt_ids: Tensor  # [N, P] left-padded
+    prompt_mask: Tensor  # [N, P]
+    completion_ids: Tensor  # [N, T] right-padded; includes the EOS token when produced
+    completion_mask: Tensor  # [N, T]
+    sample_logprobs: Tensor  # [N, T] log-probs under the sampling distribution (of the weights that sampled each token)
+    truncated: Tensor  # [N] bool: hit max_new_tokens without EOS
+    texts: list[str]
+    # [N, T] long: the policy version whose logits sampled each token (0 outside the completion
+    # mask); None when sampling had no ``refresh`` callback.
+    token_versions: Tensor | None = None
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    cuts = [text.find(s) for s in stop if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def sample_completions(
+    model,
+    tokenizer,
+    ids: Tensor,
+    mask: Tensor,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    stop: list[str] | None = None,
+    refresh: Callable[[], int] | None = None,
+    compact: bool = True,
+) -> Samples:
+    """Sample ``num_generations`` completions for each prompt row of ``ids``/``mask`` (left-padded).
+
+    See ``HFPolicy.sample`` for the ending rules, ``refresh`` and ``compact``."""
+    eos, pad, device = tokenizer.eos_token_id, tokenizer.pad_token_id, ids.device
+    prompt_ids, prompt_mask = ids, mask
+    version = int(refresh()) if refresh is not None else 0
+    pos = position_ids_from_mask(mask)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    cache, logits = out.cache, out.logits[:, -1]
+    # One prefill per distinct prompt; the G samples share it through the expanded cache.
+    g = num_generations
+    cache.batch_repeat_interleave(g)
+    logits = logits.repeat_interleave(g, dim=0)
+    mask = mask.repeat_interleave(g, dim=0)
+    next_pos = pos[:, -1:].repeat_interleave(g, dim=0) + 1
+    n = mask.shape[0]
+    # Per-row bookkeeping, indexed by original row; ``live`` holds the original indices of the
+    # rows in the decode batch (all of them without compaction, finished ones included).
+    live = torch.arange(n, device=device)
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    stopped = torch.zeros_like(done)
+    ended_at_eos = torch.zeros_like(done)
+    # Each row's length is counted while it runs, never inferred from the tokens afterwards:
+    # where pad == EOS (SmolLM2) the padding after a stop string would read as a first EOS.
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
+    logps = torch.zeros(n, max_new_tokens, device=device)
+    versions = torch.zeros(n, max_new_tokens, dtype=torch.long, device=device)
+    # A stop string spans at most this many tokens (each token decodes to >= 1 character).
+    stop_window = max((len(s) for s in stop), default=0) + 1 if stop else 0
+    full_probs = None  # the [n, V] matrix multinomial draws from once the batch is compacted
+    steps = 0
+    for step in range(max_new_tokens):
+        steps = step + 1
+        logits_f = logits.float()
+        if temperature > 0:
+            logp_all = F.log_softmax(logits_f / temperature, dim=-1)
+            probs = logp_all.exp()
+            if len(live) < n:
+                # Same draws as the uncompacted batch: the exponential noise multinomial uses is
+                # consumed per element of the full [n, V] matrix, each live row in its own place.
+                if full_probs is None:
+                    full_probs = torch.full((n, probs.shape[-1]), 1.0 / probs.shape[-1], device=device)
+                full_probs.index_copy_(0, live, probs)
+                tok = torch.multinomial(full_probs, 1, generator=generator).squeeze(-1)[live]
+            else:
+                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:
+            logp_all = F.log_softmax(logits_f, dim=-1)
+            tok = logp_all.argmax(-1)
+        lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        run = ~done[live]  # rows of the batch that sample this step
+        rows = live[run]
+        tokens[rows, step] = tok[run]
+        logps[rows, step] = lp[run]
+        versions[rows, step] = version
+        lengths[rows] += 1
+        hit_eos = torch.zeros_like(done)
+        hit_eos[rows] = tok[run] == eos
+        ended_at_eos |= hit_eos
+        done |= hit_eos
+        if stop_window:
+            hit = _stop_hits(tokenizer, tokens[:, max(0, step + 1 - stop_window): step + 1], done, stop)
+            stopped |= hit
+            done |= hit
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        # The next input: each row's token of this step (padding for rows that had ended before it).
+        tok = tokens[live, step]
+        if compact and bool(done[live].any()):
+            keep = torch.nonzero(~done[live]).squeeze(-1)
+            cache.batch_select_indices(keep)
+            live, mask, next_pos, tok = live[keep], mask[keep], next_pos[keep], tok[keep]
+        if refresh is not None:
+            version = int(refresh())
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        out = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
+                    cache=cache, use_cache=True)
+        cache, logits = out.cache, out.logits[:, -1]
+        next_pos = next_pos + 1
+
+    # A completion is every token sampled while its row ran: up to and including the
+    # EOS, or the last token of a stop string, or the whole budget.
+    completion_mask = (torch.arange(steps, device=device) < lengths.unsqueeze(-1)).long()
+    completion = torch.where(completion_mask.bool(), tokens[:, :steps], torch.full_like(tokens[:, :steps], pad))
+    texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
+    if stop:
+        texts = [cut_at_stop(t, stop) for t in texts]
+    return Samples(
+        prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(g, dim=0),
+        completion_ids=completion,
+        completion_mask=completion_mask,
+        sample_logprobs=logps[:, :steps] * completion_mask,
+        truncated=~ended_at_eos & ~stopped,
+        texts=texts,
+        token_versions=versions[:, :steps] * completion_mask if refresh is not None else None,
+    )
+
+
+def _stop_hits(tokenizer, recent: Tensor, done: Tensor, stop: list[str]) -> Tensor:
+    """Rows still running whose recent tokens (``[n, window]``) contain a stop string."""
+    running = torch.nonzero(~done).squeeze(-1).tolist()
+    hits = torch.zeros_like(done)
+    if not running:
+        return hits
+    for row, text in zip(running, tokenizer.batch_decode(recent[running], skip_special_tokens=True)):
+        if any(s in text for s in stop):
+            hits[row] = True
+    return hits

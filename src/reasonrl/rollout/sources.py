@@ -1,0 +1,171 @@
+"""Rollout sources (``ROLLOUT_SOURCES``): the seam between sampling and learning.
+
+The Trainer asks its source for each step's batch and hands it the new weights after each
+step; where and with which weights the batch was sampled is the source's business:
+
+- ``start(version, step)``: begin (after any resume) from the learner's current weights;
+- ``next_batch(step, version, watch) -> (train_batch, every_sampled_row, CollectStats)``: the
+  batch the learner trains on at ``step`` while its weights are at optimiser ``version``;
+- ``publish(policy, version, step)``: the learner's weights after ``step`` (plain tensors,
+  ``HFPolicy.weights()``), by version;
+- ``state_dict()`` / ``load_state_dict(state)``: what an exact resume needs (the prompt sampler
+  and, for a stale sampler, the weights it still has to sample with);
+- ``close()``.
+
+``sync`` (this module) samples each batch in-process; ``async`` (``rollout.async_source``)
+samples in another process while the learner trains. Every batch records its
+``policy_version`` (the oldest weights that sampled it) and, where tokens may come from
+several versions, ``token_versions``; a source whose sampler can differ from the learner
+(stale weights, another precision) says so with ``off_policy``, so the Trainer recomputes the
+proximal log-probs and logs the mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from reasonrl.batch import RolloutBatch
+from reasonrl.perf import Stopwatch
+from reasonrl.registry import ROLLOUT_SOURCES
+from reasonrl.rollout.collect import CollectStats, collect
+
+__all__ = ["SourceContext", "RolloutSource", "SyncSource", "optimizer_steps_per_step"]
+
+
+@dataclass
+class SourceContext:
+    """What a source is built from (``cls(ctx)``)."""
+
+    recipe: Any
+    policy: Any  # the learner's HFPolicy
+    scorer: Any
+    task: Any
+    sampler: Any  # the prompt sampler
+    generator: torch.Generator  # the sampling random stream (saved with the Trainer's RNG state)
+    log: Callable[[str], None]
+
+
+def optimizer_steps_per_step(recipe) -> int:
+    """Optimiser steps (policy versions) one training step makes: mini-batches × passes over a
+    full batch of ``prompts_per_step × num_generations`` rows."""
+    rows = recipe.train.prompts_per_step * recipe.rollout.num_generations
+    mini = recipe.train.mini_batch_size or rows
+    return math.ceil(rows / mini) * recipe.train.num_iterations
+
+
+class RolloutSource:
+    """Base class; see the module docstring for the protocol."""
+
+    off_policy = False  # may the sampler's weights differ from the learner's?
+
+    def __init__(self, ctx: SourceContext) -> None:
+        self.ctx = ctx
+        self.recipe = ctx.recipe
+
+    @classmethod
+    def check(cls, recipe, need: Callable[[bool, str], None]) -> None:
+        """Reject, at load time, rollout settings this source cannot honour."""
+
+    def start(self, version: int, step: int) -> "RolloutSource":
+        """Begin at optimiser ``version`` and training ``step`` (after any resume), with the
+        learner's current weights."""
+        return self
+
+    def next_batch(self, step: int, version: int, watch: Stopwatch) -> tuple[RolloutBatch, RolloutBatch, CollectStats]:
+        raise NotImplementedError
+
+    def publish(self, policy, version: int, step: int) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.ctx.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ctx.sampler.load_state_dict(state.get("sampler", {}))
+
+    def close(self) -> None:
+        pass
+
+
+@ROLLOUT_SOURCES.register("sync")
+class SyncSource(RolloutSource):
+    """Sample, then learn, in this process.
+
+    By default the learner's own model samples (today's numbers, unchanged). Two settings give
+    the sampler weights of its own, refreshed from the learner in ``publish``:
+
+    - ``rollout.simulated_staleness: k``: sample with the weights of exactly k optimiser
+      versions ago — the newest snapshot whose version is ≤ current − k; the first steps use
+      the initial weights. The snapshots still needed are part of the checkpoint, so a resumed
+      run samples exactly what the straight run sampled. Deterministic, unlike real
+      asynchrony: the test bed of the off-policy corrections.
+    - ``rollout.dtype``: a sampler in another precision (a bf16 copy beside an fp32 learner).
+    """
+
+    def __init__(self, ctx: SourceContext) -> None:
+        super().__init__(ctx)
+        r = ctx.recipe
+        self.lag = r.rollout.simulated_staleness
+        own_dtype = r.rollout.dtype is not None and r.rollout.dtype != r.model.dtype
+        self.off_policy = self.lag > 0 or own_dtype
+        self.behaviour = ctx.policy.sampling_copy(r.rollout.dtype) if self.off_policy else ctx.policy
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.loaded: int | None = 0  # the version now in ``self.behaviour``
+        if self.lag:
+            self.snapshots[0] = ctx.policy.weights()
+
+    @classmethod
+    def check(cls, recipe, need) -> None:
+        ro = recipe.rollout
+        need(ro.engine == "local", "rollout.engine: ray needs rollout.source: async")
+        need(ro.workers == 1, "rollout.workers > 1 needs rollout.source: async with rollout.engine: ray")
+        need(ro.max_staleness == 0, "rollout.max_staleness bounds an asynchronous sampler: it needs "
+                                    "rollout.source: async (for a deterministic lag use rollout.simulated_staleness)")
+
+    def _sampling_version(self, version: int) -> int:
+        usable = [v for v in self.snapshots if v <= version - self.lag]
+        return max(usable) if usable else min(self.snapshots)
+
+    def next_batch(self, step, version, watch):
+        sampled_version = version
+        if self.lag:
+            sampled_version = self._sampling_version(version)
+            if self.loaded != sampled_version:
+                self.behaviour.set_weights(self.snapshots[sampled_version])
+                self.loaded = sampled_version
+        c = self.ctx
+        return collect(self.behaviour, c.scorer, c.task, self.recipe, step, c.generator, sampled_version,
+                       watch, c.sampler)
+
+    def publish(self, policy, version, step) -> None:
+        if not self.off_policy:
+            return
+        if not self.lag:  # another precision, current weights
+            self.behaviour.set_weights(policy.weights())
+            return
+        self.snapshots[version] = policy.weights()
+        # Keep the newest snapshot that is old enough for the next step, and every newer one.
+        oldest_needed = self._sampling_version(version)
+        for v in [v for v in self.snapshots if v < oldest_needed]:
+            del self.snapshots[v]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.lag:
+            state["snapshots"] = self.snapshots
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.lag:
+            self.snapshots = dict(state["snapshots"])
+            self.loaded = None
+        elif self.off_policy:  # the sampler follows the restored learner
+            self.behaviour.set_weights(self.ctx.policy.weights())

