@@ -277,3 +277,18 @@ def test_async_rejects_a_reward_defined_only_in_this_process():
     with pytest.raises(ConfigError, match="cannot be imported"):
         mini_recipe(rewards=[{"name": brevity}], rollout={"source": "async"})
     mini_recipe(rewards=[{"name": brevity}])  # fine in-process
+
+
+def test_async_simulated_staleness_resumes_exactly(tmp_path, monkeypatch):
+    from helpers import crash_at_step
+
+    recipe = learning_recipe(train={"steps": 5, "threads": 1, "checkpoint_every": 1}, off_policy={"name": "tis"},
+                             rollout={"source": "async", "simulated_staleness": 2, "sampler_threads": 1})
+    Trainer(recipe, tmp_path / "straight", **QUIET).run()
+    with crash_at_step(monkeypatch, 3):
+        Trainer(recipe, tmp_path / "resumed", **QUIET).run()
+    Trainer(recipe, tmp_path / "resumed", resume=True, **QUIET).run()
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert comparable(a, drop=("perf/", "async/")) == comparable(b, drop=("perf/", "async/"))
+    assert same_weights(tmp_path / "straight", tmp_path / "resumed")
+    assert max(per_step(b, "offpolicy/staleness_max").values()) == 2.0
