@@ -129,7 +129,7 @@ class _FakeInbox:
             return ("weights", 7, 1, perturbed)
         raise queue.Empty
 
-    def get(self):
+    def get(self, timeout=None):
         return ("stop",)
 
 
@@ -161,12 +161,6 @@ def test_simulated_staleness_samples_with_the_weights_of_k_versions_ago(tmp_path
     assert stale == {1: 0.0, 2: 1.0, 3: 2.0, 4: 2.0, 5: 2.0}  # one optimiser step per step
     kl = per_step(rows, "offpolicy/kl_behaviour")
     assert kl[1] == pytest.approx(0.0, abs=1e-6) and kl[5] > 1e-6  # stale weights differ from the learner's
-
-
-def test_simulated_staleness_0_is_the_sync_run(tmp_path):
-    Trainer(mini_recipe(), tmp_path / "a", **QUIET).run()
-    Trainer(mini_recipe(rollout={"simulated_staleness": 0}), tmp_path / "b", **QUIET).run()
-    assert comparable(read_metrics(tmp_path / "a")) == comparable(read_metrics(tmp_path / "b"))
 
 
 def _cli(*args, wait=True):
@@ -292,3 +286,79 @@ def test_async_simulated_staleness_resumes_exactly(tmp_path, monkeypatch):
     assert comparable(a, drop=("perf/", "async/")) == comparable(b, drop=("perf/", "async/"))
     assert same_weights(tmp_path / "straight", tmp_path / "resumed")
     assert max(per_step(b, "offpolicy/staleness_max").values()) == 2.0
+
+
+def test_a_batch_over_the_staleness_bound_is_dropped_and_sampled_again(monkeypatch):
+    """The admission rule should make it unreachable; if a sampler still sends a batch over the
+    bound, it is never trained on: dropped, counted, and sampled again by a restarted sampler."""
+    from test_objective_wiring import table_batch
+
+    from reasonrl.perf import Stopwatch
+    from reasonrl.rollout.async_source import AsyncSource
+    from reasonrl.rollout.collect import CollectStats
+    from reasonrl.rollout.sources import SourceContext
+
+    spawned = []
+
+    class FakeEndpoint:  # the first sampler sends a batch of version 0, its replacement one of version 3
+        def __init__(self):
+            self.version = 0 if not spawned else 3
+            spawned.append(self)
+
+        def receive(self, timeout):
+            batch = table_batch()
+            batch.policy_version = self.version
+            return ("batch", 3, batch, batch, CollectStats(), {}, {"step": 4, "from": self.version})
+
+        def send(self, message):
+            pass
+
+        def stop(self):
+            pass
+
+    logs = []
+    source = AsyncSource(SourceContext(recipe=mini_recipe(rollout={"source": "async", "max_staleness": 1}),
+                                       policy=None, scorer=None, task=None, sampler=None, generator=None,
+                                       log=logs.append))
+    monkeypatch.setattr(AsyncSource, "_spawn", lambda self, i: self.endpoints.__setitem__(i, FakeEndpoint()))
+    source.resume_from = [{"step": 3}]
+    source._spawn(0)
+    batch, _, _ = source.next_batch(3, 3, Stopwatch())
+    assert batch.policy_version == 3 and source.resume_from == [{"step": 4, "from": 3}]
+    assert source.metrics() == {"async/dropped_batches": 1, "async/sampler_restarts": 1}
+    assert len(spawned) == 2 and any("lags 3 versions" in m for m in logs)
+
+
+def test_async_kill_9_leaves_no_sampler_behind_and_resumes_exactly_at_staleness_0(tmp_path):
+    """SIGKILL the learner mid-run: its sampler process exits on its own, and ``--resume``
+    gives the straight run's numbers (at max_staleness 0 the sampler is in lockstep)."""
+    import psutil
+
+    raw = {"model": {"backend": "tiny"}, "task": {"name": "arithmetic"}, "optim": {"lr": 1e-3},
+           "rollout": {"num_generations": 4, "max_new_tokens": 32, "source": "async", "max_staleness": 0,
+                       "sampler_threads": 1},
+           "train": {"steps": 6, "prompts_per_step": 4, "checkpoint_every": 1, "micro_batch_size": 8, "threads": 1},
+           "eval": {"size": 8}, "log": {"plots": False, "progress": False}}
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(json.dumps(raw))
+    straight = _cli(recipe_file, "-o", tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+
+    proc = _cli(recipe_file, "-o", tmp_path / "killed", wait=False)
+    target = tmp_path / "killed" / "checkpoints" / "step_000003"
+    deadline = time.time() + 300
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    samplers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "python" in c.name()]
+    assert samplers, "the async run has no sampler process"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert target.exists() and not (tmp_path / "killed" / "summary.json").exists()
+    gone, alive = psutil.wait_procs(samplers, timeout=15)
+    assert not alive, f"left running after the learner's SIGKILL: {[p.pid for p in alive]}"
+
+    resumed = _cli("--resume", tmp_path / "killed")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")
+    assert comparable(a) == comparable(b)
+    assert same_weights(tmp_path / "straight", tmp_path / "killed")

@@ -118,8 +118,9 @@ class RolloutConfig:
     """``async``: a generation still running when new weights arrive continues under them (partial
     rollouts, AReaL's interruptible generation); every token keeps the version that sampled it."""
     simulated_staleness: Annotated[int, Range(ge=0)] = 0
-    """``sync`` only: sample in-process with the weights of exactly k optimiser versions ago (the
-    first k steps use the initial weights) — deterministic, for experiments with off-policy corrections."""
+    """Sample every batch with the weights of exactly k optimiser versions ago (k/m training steps,
+    m optimiser steps per step; the first steps lag less) — deterministic, in-process with ``sync``
+    or in the samplers of ``async``, for experiments with off-policy corrections."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """The sampler's own precision beside the learner's (e.g. a ``bfloat16`` sampler for an fp32
     learner); its behaviour log-probs are recorded, so ``off_policy`` can correct the mismatch.

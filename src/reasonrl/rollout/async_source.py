@@ -44,7 +44,7 @@ import torch
 
 from reasonrl.perf import Stopwatch
 from reasonrl.registry import ROLLOUT_SOURCES
-from reasonrl.rollout.sources import RolloutSource, SourceContext, optimizer_steps_per_step
+from reasonrl.rollout.sources import RolloutSource, SourceContext, check_simulated_staleness, optimizer_steps_per_step
 
 __all__ = ["AsyncSource", "SamplerWorker", "admission_lag"]
 
@@ -56,8 +56,31 @@ def admission_lag(recipe) -> int:
     return recipe.rollout.max_staleness // optimizer_steps_per_step(recipe)
 
 
-def default_threads() -> int:
-    return max(1, (os.cpu_count() or 2) // 2)
+def default_threads(workers: int) -> int:
+    """Torch threads per sampler when ``rollout.sampler_threads`` is 0: the cores shared
+    evenly between the learner and the samplers of this machine."""
+    return max(1, (os.cpu_count() or 2) // (workers + 1))
+
+
+MAX_RESTARTS = 3  # consecutive sampler restarts without a trained batch before the run stops
+
+
+def _get(inbox):
+    """The next message, waiting; a sampler whose learner is gone stops (a learner killed by
+    SIGKILL runs no clean-up, and its sampler must not live on holding a model copy)."""
+    while True:
+        try:
+            return inbox.get(timeout=POLL_S)
+        except queue.Empty:
+            if _orphaned():
+                raise _Stop from None
+
+
+def _orphaned() -> bool:
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
 
 
 def _names(items: list) -> list[str]:
@@ -109,9 +132,11 @@ class SamplerWorker:
         if message[0] == "stop":
             raise _Stop
         _, version, published, tensors = message
+        if self.step >= self.recipe.train.steps:
+            return  # every batch is out: late weights are of no use
         if self.recipe.rollout.simulated_staleness:
             self.history[published] = (version, tensors)
-        else:
+        elif published >= self.published:  # Ray's threaded actors may deliver two sends out of order
             self.policy.set_weights(tensors)
             self.version = version
         self.published = max(self.published, published)
@@ -144,7 +169,7 @@ class SamplerWorker:
             while self.step < r.train.steps:
                 # Admission: wait for weights fresh enough for this step (and for the first weights at all).
                 while self.published < max(0, self.step - self.lag):
-                    self._handle(inbox.get())
+                    self._handle(_get(inbox))
                 if simulated:
                     self._use_simulated_weights()
                 else:
@@ -157,7 +182,7 @@ class SamplerWorker:
                          "sampler": self.sampler.state_dict()}
                 outbox.put(("batch", step, batch, every, stats, dict(watch.seconds), after))
             while True:  # every batch is out: wait to be stopped
-                self._handle(inbox.get())
+                self._handle(_get(inbox))
         except _Stop:
             pass
         finally:
@@ -175,7 +200,9 @@ class AsyncSource(RolloutSource):
     def __init__(self, ctx: SourceContext) -> None:
         super().__init__(ctx)
         ro = self.recipe.rollout
-        self.threads = ro.sampler_threads or default_threads()
+        self.threads = ro.sampler_threads or default_threads(ro.workers)
+        self.restarts_in_a_row = 0
+        self.learner_threads = torch.get_num_threads()
         self.n = ro.workers
         self.endpoints: list[Any] = [None] * self.n
         self.resume_from: list[dict[str, Any]] | None = None  # per worker: the state after its last trained batch
@@ -189,6 +216,9 @@ class AsyncSource(RolloutSource):
     def check(cls, recipe, need) -> None:
         ro = recipe.rollout
         need(ro.engine == "ray" or ro.workers == 1, "rollout.workers > 1 needs rollout.engine: ray")
+        need(ro.workers == 1 or recipe.sampler.name == "stream",
+             f"rollout.workers > 1 splits the steps between samplers, each with its own copy of the prompt "
+             f"sampler; sampler '{recipe.sampler.name}' learns from results, so it needs rollout.workers: 1")
         from reasonrl.config import flatten
         from reasonrl.registry import only_in_this_process
 
@@ -203,11 +233,12 @@ class AsyncSource(RolloutSource):
         if ro.simulated_staleness:
             need(ro.max_staleness == 0, "rollout.simulated_staleness fixes the lag; leave rollout.max_staleness at 0")
             need(ro.sync_every == 1, "rollout.simulated_staleness needs rollout.sync_every: 1 (every version is used)")
-            need(ro.simulated_staleness % m == 0,
-                 f"rollout.simulated_staleness={ro.simulated_staleness} must be a multiple of the {m} optimiser "
-                 "steps each training step makes, with rollout.source: async")
+            check_simulated_staleness(recipe, need)
             return
         lag = ro.max_staleness // m
+        need(ro.max_staleness == 0 or lag >= 1,
+             f"rollout.max_staleness={ro.max_staleness} is below the {m} optimiser steps one training step "
+             "makes, so the sampler could never run ahead: use 0 (synchronous) or a multiple of it")
         need(ro.sync_every <= lag + 1,
              f"rollout.sync_every={ro.sync_every} would starve the sampler: with rollout.max_staleness="
              f"{ro.max_staleness} and {m} optimiser step(s) per training step it may run {lag} step(s) ahead, "
@@ -224,7 +255,8 @@ class AsyncSource(RolloutSource):
         self.version, self.step = version, step
         if self.k_steps and step not in self.snapshots:
             self.snapshots[step] = (version, self.ctx.policy.weights())
-        if not self.recipe.train.threads:  # the learner keeps the cores the samplers do not use
+        if not self.recipe.train.threads and self.recipe.rollout.engine == "local":
+            # The learner keeps the cores the sampler does not use (restored by close()).
             torch.set_num_threads(max(1, (os.cpu_count() or 2) - self.n * self.threads))
         for i in range(self.n):
             self._spawn(i)
@@ -243,6 +275,11 @@ class AsyncSource(RolloutSource):
             endpoint.send(("weights", self.version, self.step, self.ctx.policy.weights()))
 
     def _restart(self, i: int, why: str) -> None:
+        self.restarts_in_a_row += 1
+        if self.restarts_in_a_row > MAX_RESTARTS:
+            raise RuntimeError(f"async sampler {i}: {why}, {MAX_RESTARTS} times in a row without a batch trained in "
+                               "between; giving up (its stderr above says why; a script using the Python API needs "
+                               "`if __name__ == \"__main__\":` around its call, since samplers start by spawn)")
         self.ctx.log(f"async sampler {i}: {why}; restarting it from step {self.resume_from[i]['step']} "
                      "(its batches in flight are sampled again with the current weights)")
         self.counts["async/sampler_restarts"] += 1
@@ -277,6 +314,7 @@ class AsyncSource(RolloutSource):
             for phase, s in seconds.items():  # the sampler's own time, for the perf metrics
                 watch.seconds[f"sampler_{phase}"] += s
             self.resume_from[i] = after
+            self.restarts_in_a_row = 0
             return batch, every, stats
 
     def publish(self, policy, version, step) -> None:
@@ -309,6 +347,7 @@ class AsyncSource(RolloutSource):
         for endpoint in self.endpoints:
             if endpoint is not None:
                 endpoint.stop()
+        torch.set_num_threads(self.learner_threads)
         if self.recipe.rollout.engine == "ray":
             from reasonrl.rollout.endpoints import ray_shutdown
 

@@ -11,6 +11,7 @@ process; the Ray engine is one actor per worker on whatever cluster ``ray.init``
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import traceback
 from typing import Any
@@ -31,41 +32,69 @@ def worker_main(recipe_dict: dict, threads: int, start: dict, inbox, outbox) -> 
         SamplerWorker(recipe_from_dict(recipe_dict, "async sampler"), start).loop(inbox, outbox)
     except BaseException:  # the learner reports it; nothing may die silently
         outbox.put(("error", traceback.format_exc()))
+    finally:
+        if hasattr(outbox, "flush"):
+            outbox.flush()
 
 
-class _Channel:
-    """A sampler loop's two message queues and the process or thread that runs it."""
+class PipeSender:
+    """The sampler's end of its outgoing stream: a pipe written by a thread of its own (as
+    ``multiprocessing.Queue``'s feeder), so sampling goes on while a batch waits to be read.
+    A pipe rather than a Queue because the learner closes its copy of the write end: a
+    sampler that dies, even mid-message, then reads as end-of-file instead of a hang."""
 
-    inbox: Any
-    outbox: Any
-    runner: Any  # a Process or Thread: has is_alive()
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.pending: queue.Queue | None = None
+
+    def put(self, message) -> None:
+        if self.pending is None:
+            import threading
+
+            self.pending = queue.Queue()
+            self.thread = threading.Thread(target=self._send_all, daemon=True)
+            self.thread.start()
+        self.pending.put(message)
+
+    def _send_all(self) -> None:
+        while True:
+            message = self.pending.get()
+            if message is None:
+                return
+            self.conn.send(message)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            self.pending.put(None)
+            self.thread.join()
+
+
+class LocalEndpoint:
+    """The sampler in a child process with its own torch threads."""
+
+    def __init__(self, recipe_dict: dict, threads: int, start: dict) -> None:
+        ctx = mp.get_context("spawn")
+        self.inbox = ctx.Queue()
+        self.reader, writer = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=worker_main, name="reasonrl-sampler", daemon=True,
+                                   args=(recipe_dict, threads, start, self.inbox, PipeSender(writer)))
+        self.process.start()
+        writer.close()  # the child holds the only write end now
 
     def send(self, message) -> None:
         self.inbox.put(message)
 
     def receive(self, timeout: float):
-        """The next message, or None after ``timeout`` seconds; ``("dead", why)`` if the loop is gone."""
+        """The next message, or None after ``timeout`` seconds; ``("dead", why)`` if the process died."""
         try:
-            return self.outbox.get(timeout=timeout)
-        except queue.Empty:
-            return None if self.runner.is_alive() else ("dead", self.death())
-
-    def death(self) -> str:
-        return "the sampler loop ended"
-
-
-class LocalEndpoint(_Channel):
-    """The sampler in a child process with its own torch threads."""
-
-    def __init__(self, recipe_dict: dict, threads: int, start: dict) -> None:
-        ctx = mp.get_context("spawn")
-        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
-        self.process = self.runner = ctx.Process(target=worker_main, name="reasonrl-sampler", daemon=True,
-                                                 args=(recipe_dict, threads, start, self.inbox, self.outbox))
-        self.process.start()
-
-    def death(self) -> str:
-        return f"the sampler process died (exit code {self.process.exitcode})"
+            if self.reader.poll(timeout):
+                return self.reader.recv()
+        except (EOFError, OSError, pickle.UnpicklingError) as exc:  # died, maybe mid-message
+            self.process.join(timeout=5)
+            return ("dead", f"the sampler process died (exit code {self.process.exitcode}; {type(exc).__name__})")
+        if not self.process.is_alive():
+            return ("dead", f"the sampler process died (exit code {self.process.exitcode})")
+        return None
 
     def kill(self) -> None:  # for tests: what a crash looks like
         os.kill(self.process.pid, 9)
@@ -80,6 +109,9 @@ class LocalEndpoint(_Channel):
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=5)
+        self.inbox.cancel_join_thread()  # never block this process's exit on a dead reader
+        self.inbox.close()
+        self.reader.close()
 
 
 _RAY_STARTED_HERE = False
@@ -114,7 +146,7 @@ def ray_shutdown() -> None:
         _RAY_STARTED_HERE = False
 
 
-class _RayWorker(_Channel):
+class _RayWorker:
     """The Ray actor: the sampler loop on a thread of its own, fed through in-process queues by
     concurrent actor calls (no queue actors, which would each unpickle every tensor again)."""
 
@@ -125,6 +157,15 @@ class _RayWorker(_Channel):
         self.runner = threading.Thread(target=worker_main, args=(recipe_dict, threads, start, self.inbox, self.outbox),
                                        daemon=True)
         self.runner.start()
+
+    def send(self, message) -> None:
+        self.inbox.put(message)
+
+    def receive(self, timeout: float):
+        try:
+            return self.outbox.get(timeout=timeout)
+        except queue.Empty:
+            return None if self.runner.is_alive() else ("dead", "the sampler loop ended")
 
     def pid(self) -> int:
         return os.getpid()

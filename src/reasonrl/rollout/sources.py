@@ -33,7 +33,7 @@ from reasonrl.perf import Stopwatch
 from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.collect import CollectStats, collect
 
-__all__ = ["SourceContext", "RolloutSource", "SyncSource", "optimizer_steps_per_step"]
+__all__ = ["SourceContext", "RolloutSource", "SyncSource", "optimizer_steps_per_step", "check_simulated_staleness"]
 
 
 @dataclass
@@ -101,25 +101,27 @@ class SyncSource(RolloutSource):
     By default the learner's own model samples (today's numbers, unchanged). Two settings give
     the sampler weights of its own, refreshed from the learner in ``publish``:
 
-    - ``rollout.simulated_staleness: k``: sample with the weights of exactly k optimiser
-      versions ago — the newest snapshot whose version is ≤ current − k; the first steps use
-      the initial weights. The snapshots still needed are part of the checkpoint, so a resumed
-      run samples exactly what the straight run sampled. Deterministic, unlike real
-      asynchrony: the test bed of the off-policy corrections.
+    - ``rollout.simulated_staleness: k``: the batch of step b is sampled with the weights
+      published after step max(0, b − k/m) (m optimiser steps per training step, so k versions
+      ago when every step trains; the first k/m steps lag less). The snapshots still needed
+      are part of the checkpoint, so a resumed run samples exactly what the straight run
+      sampled. Deterministic, unlike real asynchrony: the test bed of the off-policy
+      corrections, and the same rule as the async source's simulated mode.
     - ``rollout.dtype``: a sampler in another precision (a bf16 copy beside an fp32 learner).
     """
 
     def __init__(self, ctx: SourceContext) -> None:
         super().__init__(ctx)
         r = ctx.recipe
-        self.lag = r.rollout.simulated_staleness
+        self.k_steps = r.rollout.simulated_staleness // optimizer_steps_per_step(r)
         own_dtype = r.rollout.dtype is not None and r.rollout.dtype != r.model.dtype
-        self.off_policy = self.lag > 0 or own_dtype
+        self.off_policy = self.k_steps > 0 or own_dtype
         self.behaviour = ctx.policy.sampling_copy(r.rollout.dtype) if self.off_policy else ctx.policy
-        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
-        self.loaded: int | None = 0  # the version now in ``self.behaviour``
-        if self.lag:
-            self.snapshots[0] = ctx.policy.weights()
+        # simulated: published step -> (version, weights); step 0 holds the initial weights
+        self.snapshots: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+        self.loaded: int | None = 0  # the published step whose weights are in ``self.behaviour``
+        if self.k_steps:
+            self.snapshots[0] = (0, ctx.policy.weights())
 
     @classmethod
     def check(cls, recipe, need) -> None:
@@ -128,18 +130,20 @@ class SyncSource(RolloutSource):
         need(ro.workers == 1, "rollout.workers > 1 needs rollout.source: async with rollout.engine: ray")
         need(ro.max_staleness == 0, "rollout.max_staleness bounds an asynchronous sampler: it needs "
                                     "rollout.source: async (for a deterministic lag use rollout.simulated_staleness)")
+        check_simulated_staleness(recipe, need)
 
-    def _sampling_version(self, version: int) -> int:
-        usable = [v for v in self.snapshots if v <= version - self.lag]
+    def _sampling_step(self, step: int) -> int:
+        usable = [p for p in self.snapshots if p <= max(0, step - self.k_steps)]
         return max(usable) if usable else min(self.snapshots)
 
     def next_batch(self, step, version, watch):
         sampled_version = version
-        if self.lag:
-            sampled_version = self._sampling_version(version)
-            if self.loaded != sampled_version:
-                self.behaviour.set_weights(self.snapshots[sampled_version])
-                self.loaded = sampled_version
+        if self.k_steps:
+            chosen = self._sampling_step(step)
+            sampled_version, weights = self.snapshots[chosen]
+            if self.loaded != chosen:
+                self.behaviour.set_weights(weights)
+                self.loaded = chosen
         c = self.ctx
         return collect(self.behaviour, c.scorer, c.task, self.recipe, step, c.generator, sampled_version,
                        watch, c.sampler)
@@ -147,25 +151,33 @@ class SyncSource(RolloutSource):
     def publish(self, policy, version, step) -> None:
         if not self.off_policy:
             return
-        if not self.lag:  # another precision, current weights
+        if not self.k_steps:  # another precision, current weights
             self.behaviour.set_weights(policy.weights())
             return
-        self.snapshots[version] = policy.weights()
-        # Keep the newest snapshot that is old enough for the next step, and every newer one.
-        oldest_needed = self._sampling_version(version)
-        for v in [v for v in self.snapshots if v < oldest_needed]:
-            del self.snapshots[v]
+        self.snapshots[step] = (version, policy.weights())
+        # Keep the snapshot the next step samples with, and every newer one.
+        oldest_needed = self._sampling_step(step)
+        for p in [p for p in self.snapshots if p < oldest_needed]:
+            del self.snapshots[p]
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        if self.lag:
+        if self.k_steps:
             state["snapshots"] = self.snapshots
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if self.lag:
+        if self.k_steps:
             self.snapshots = dict(state["snapshots"])
             self.loaded = None
         elif self.off_policy:  # the sampler follows the restored learner
             self.behaviour.set_weights(self.ctx.policy.weights())
+
+
+def check_simulated_staleness(recipe, need) -> None:
+    """Simulated staleness counts optimiser versions but lags whole training steps."""
+    m = optimizer_steps_per_step(recipe)
+    k = recipe.rollout.simulated_staleness
+    need(k % m == 0, f"rollout.simulated_staleness={k} must be a multiple of the {m} optimiser steps one "
+                     "training step makes (the sampler lags whole steps)")

@@ -214,7 +214,9 @@ class Trainer:
             with watch("score"):
                 fn, params = self.token_reward
                 batch.dense_rewards = dense_token_rewards(self.policy.tokenizer, batch, fn, params)
-        metrics["perf/sample_tokens_per_s"] = stats.sampled_tokens / max(watch.seconds["sample"], 1e-9)
+        # An async source samples elsewhere and reports that time as sampler_sample.
+        sample_s = watch.seconds.get("sample") or watch.seconds.get("sampler_sample", 0.0)
+        metrics["perf/sample_tokens_per_s"] = stats.sampled_tokens / max(sample_s, 1e-9)
         if len(batch) == 0:
             metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
             metrics["lr"] = self.learner.end_step()  # the schedule counts training steps, skipped or not
