@@ -87,10 +87,10 @@ def test_not_a_run_folder_is_a_clear_error(tmp_path, capsys):
 
 
 def test_seeds_of_one_recipe_form_a_group(tmp_path):
-    def fake_run(name, seed, lr):
+    def fake_run(name, seed, lr, threads=0):
         path = tmp_path / name
         path.mkdir()
-        recipe = {"train": {"seed": seed, "steps": 2}, "optim": {"lr": lr}, "run_name": None}
+        recipe = {"train": {"seed": seed, "steps": 2, "threads": threads}, "optim": {"lr": lr}, "run_name": None}
         (path / "recipe.json").write_text(json.dumps(recipe))
         (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": s * lr}) + "\n"
                                                     for s in (1, 2)))
@@ -98,12 +98,13 @@ def test_seeds_of_one_recipe_form_a_group(tmp_path):
                                                        "wall_seconds": 1.0}))
         return path
 
-    paths = [fake_run("a-s0", 0, 1.0), fake_run("a-s1", 1, 1.0), fake_run("b-s0", 0, 2.0)]
+    # a-s1 ran on one thread: that changes how fast it ran, not the experiment, so it stays in group a
+    paths = [fake_run("a-s0", 0, 1.0), fake_run("a-s1", 1, 1.0, threads=1), fake_run("b-s0", 0, 2.0)]
     runs = [load_run(p) for p in paths]
     groups = group_runs(runs)
     assert [(name, [r.label for r in members]) for name, members in groups] == [("a", ["a-s0", "a-s1"]),
                                                                                   ("b", ["b-s0"])]
-    assert differing_keys(runs) == ["optim.lr", "train.seed"]
+    assert differing_keys(runs) == ["optim.lr", "train.seed", "train.threads"]
     page = write_report(paths, tmp_path / "r.html").read_text()
     # group a: accuracies 0.5 and 0.6 → mean 0.55, sample sd 0.0707
     assert "0.550 ± 0.071" in page

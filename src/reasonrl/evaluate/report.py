@@ -32,7 +32,9 @@ from reasonrl.evaluate.plots import PANELS, Series, plot_panel
 from reasonrl.fsutil import atomic_write_text
 from reasonrl.train.metrics import read_metrics
 
-_NOT_COMPARED = {"train.seed", "run_name", "output_dir"}  # differ between seeds of one experiment
+# Keys that differ between seeds of one experiment, or that change where and how fast it runs but
+# not what it computes (torch threads only change float reduction order): they never split a group.
+_NOT_COMPARED = {"train.seed", "run_name", "output_dir", "train.threads", "rollout.sampler_threads"}
 _SEED_SUFFIX = re.compile(r"([-_.]?(seed|s)\d+)$", re.IGNORECASE)
 _MAX_EXTRA_PANELS = 12
 BOOTSTRAP_RESAMPLES = 2000  # the default of ``--bootstrap``
