@@ -115,3 +115,18 @@ def test_seeds_of_one_recipe_form_a_group(tmp_path):
 
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}}) == {"a.b": 1, "a.c.d": [1, 2], "e": {}}
+
+
+def test_a_run_from_before_a_new_key_groups_with_its_seeds_run_after_it(tmp_path):
+    from reasonrl.config import recipe_from_dict
+
+    new = recipe_from_dict({"train": {"seed": 2}}).to_dict()  # has rollout.source etc. at their defaults
+    old = recipe_from_dict({"train": {"seed": 1}}).to_dict()
+    del old["rollout"]["source"], old["rollout"]["max_staleness"], old["off_policy"]  # written before they existed
+    for name, recipe in (("m-s1", old), ("m-s2", new)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "recipe.json").write_text(json.dumps(recipe))
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    runs = [load_run(tmp_path / n) for n in ("m-s1", "m-s2")]
+    assert [(name, len(members)) for name, members in group_runs(runs)] == [("m", 2)]
+    assert differing_keys(runs) == ["train.seed"]

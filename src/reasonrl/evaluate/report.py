@@ -76,7 +76,7 @@ def load_run(path: Path) -> Run:
         warnings.append(f"{path}: no recipe.json; its recipe cannot be compared")
     summary_path = path / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-    run = Run(path.name, path, rows, recipe, summary, warnings)
+    run = Run(path.name, path, rows, with_defaults(recipe) if recipe else recipe, summary, warnings)
     if summary is None:
         planned = recipe.get("train", {}).get("steps", "?")
         warnings.append(f"{path}: no summary.json; the run did not finish (last step logged: {run.last_step} of "
@@ -94,6 +94,24 @@ def _unique_labels(runs: list[Run]) -> None:
     for run in runs:
         if names.count(run.path.name) > 1:
             run.label = f"{run.path.parent.name}/{run.path.name}"
+
+
+def with_defaults(recipe: dict[str, Any]) -> dict[str, Any]:
+    """A run's recipe with every key added to the schema since it was written, at its default:
+    the value that run ran with. Without this a run from before a new key (``rollout.source``)
+    would never group with its own seeds run after it."""
+    from reasonrl.sections import Recipe
+
+    return _merge_defaults(Recipe().to_dict(), recipe)
+
+
+def _merge_defaults(default: Any, given: Any) -> Any:
+    if not isinstance(default, dict) or not isinstance(given, dict):
+        return given
+    merged = dict(given)
+    for key, value in default.items():
+        merged[key] = _merge_defaults(value, given[key]) if key in given else value
+    return merged
 
 
 def group_runs(runs: list[Run]) -> list[tuple[str, list[Run]]]:
