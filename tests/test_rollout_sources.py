@@ -171,35 +171,45 @@ def _cli(*args, wait=True):
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
-def test_simulated_staleness_kill_9_and_resume_is_the_straight_run(tmp_path):
-    """A real ``kill -9`` at a random step after the first checkpoint, then ``--resume``."""
-    import random
-
-    raw = {"model": {"backend": "tiny", "tiny": {"hidden_size": 32, "num_layers": 2, "num_heads": 2,
-                                                  "intermediate_size": 64, "warmup_steps": 30, "warmup_batch": 16}},
-           "rollout": {"num_generations": 4, "max_new_tokens": 24, "simulated_staleness": 2},
-           "off_policy": {"name": "tis", "cap": 2.0},
-           "train": {"steps": 8, "prompts_per_step": 4, "checkpoint_every": 1, "micro_batch_size": 8, "threads": 1},
-           "eval": {"size": 8}, "log": {"plots": False, "progress": False}}
+def kill_9_and_resume(tmp_path, raw: dict, kill_after: int, at_kill=None):
+    """Train ``raw`` straight through, then again killed by SIGKILL once the checkpoint of step
+    ``kill_after`` exists (``at_kill(pid)`` runs just before the kill and returns a check to run
+    just after it), then ``--resume``; return the metric rows of both runs."""
     recipe_file = tmp_path / "recipe.yaml"
     recipe_file.write_text(json.dumps(raw))
     straight = _cli(recipe_file, "-o", tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr
-
-    kill_after = random.Random().randint(2, 6)  # a checkpoint step after which to kill
     proc = _cli(recipe_file, "-o", tmp_path / "killed", wait=False)
     target = tmp_path / "killed" / "checkpoints" / f"step_{kill_after:06d}"
     deadline = time.time() + 300
     while not target.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+    after_kill = at_kill(proc.pid) if at_kill else None
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert target.exists() and not (tmp_path / "killed" / "summary.json").exists()  # killed mid-run
+    if after_kill:
+        after_kill()
     resumed = _cli("--resume", tmp_path / "killed")
     assert resumed.returncode == 0, resumed.stderr
-    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")
-    assert comparable(a, drop=("perf/",)) == comparable(b, drop=("perf/",)), f"killed after step {kill_after}"
     assert same_weights(tmp_path / "straight", tmp_path / "killed")
+    return read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")
+
+
+def test_simulated_staleness_kill_9_and_resume_is_the_straight_run(tmp_path):
+    """A real ``kill -9`` at a random step after the first checkpoint, then ``--resume``."""
+    import random
+
+    from helpers import MINI_TINY
+
+    raw = {"model": {"backend": "tiny", "tiny": dict(MINI_TINY)},
+           "rollout": {"num_generations": 4, "max_new_tokens": 24, "simulated_staleness": 2},
+           "off_policy": {"name": "tis", "cap": 2.0},
+           "train": {"steps": 8, "prompts_per_step": 4, "checkpoint_every": 1, "micro_batch_size": 8, "threads": 1},
+           "eval": {"size": 8}, "log": {"plots": False, "progress": False}}
+    kill_after = random.Random().randint(2, 6)  # a checkpoint step after which to kill
+    a, b = kill_9_and_resume(tmp_path, raw, kill_after)
+    assert comparable(a, drop=("perf/",)) == comparable(b, drop=("perf/",)), f"killed after step {kill_after}"
     assert max(per_step(a, "offpolicy/staleness_max").values()) == 2.0
 
 
@@ -339,26 +349,15 @@ def test_async_kill_9_leaves_no_sampler_behind_and_resumes_exactly_at_staleness_
                        "sampler_threads": 1},
            "train": {"steps": 6, "prompts_per_step": 4, "checkpoint_every": 1, "micro_batch_size": 8, "threads": 1},
            "eval": {"size": 8}, "log": {"plots": False, "progress": False}}
-    recipe_file = tmp_path / "recipe.yaml"
-    recipe_file.write_text(json.dumps(raw))
-    straight = _cli(recipe_file, "-o", tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
 
-    proc = _cli(recipe_file, "-o", tmp_path / "killed", wait=False)
-    target = tmp_path / "killed" / "checkpoints" / "step_000003"
-    deadline = time.time() + 300
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    samplers = [c for c in psutil.Process(proc.pid).children(recursive=True) if "python" in c.name()]
-    assert samplers, "the async run has no sampler process"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert target.exists() and not (tmp_path / "killed" / "summary.json").exists()
-    gone, alive = psutil.wait_procs(samplers, timeout=15)
-    assert not alive, f"left running after the learner's SIGKILL: {[p.pid for p in alive]}"
+    def at_kill(pid):
+        samplers = [c for c in psutil.Process(pid).children(recursive=True) if "python" in c.name()]
+        assert samplers, "the async run has no sampler process"
 
-    resumed = _cli("--resume", tmp_path / "killed")
-    assert resumed.returncode == 0, resumed.stderr
-    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "killed")
+        def none_left():
+            gone, alive = psutil.wait_procs(samplers, timeout=15)
+            assert not alive, f"left running after the learner's SIGKILL: {[p.pid for p in alive]}"
+        return none_left
+
+    a, b = kill_9_and_resume(tmp_path, raw, 3, at_kill)
     assert comparable(a) == comparable(b)
-    assert same_weights(tmp_path / "straight", tmp_path / "killed")

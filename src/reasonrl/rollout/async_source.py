@@ -222,9 +222,9 @@ class AsyncSource(RolloutSource):
         from reasonrl.config import flatten
         from reasonrl.registry import only_in_this_process
 
-        local = sorted({f"{k}: {v}" for k, v in flatten(recipe.to_dict()).items()
-                        if isinstance(v, str) and only_in_this_process(v)}
-                       | {f"{k}: {x}" for k, v in flatten(recipe.to_dict()).items() if isinstance(v, list)
+        flat = flatten(recipe.to_dict())
+        local = sorted({f"{k}: {v}" for k, v in flat.items() if isinstance(v, str) and only_in_this_process(v)}
+                       | {f"{k}: {x}" for k, v in flat.items() if isinstance(v, list)
                           for x in _names(v) if only_in_this_process(x)})
         need(not local, "rollout.source: async samples and scores in another process, where "
                         f"{'; '.join(local)} cannot be imported (defined in a script, a local function or an object); "
