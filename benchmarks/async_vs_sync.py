@@ -1,9 +1,9 @@
 """Synchronous vs asynchronous rollouts, same recipe and number of sampled completions.
 
-    .venv/bin/python benchmarks/async_vs_sync.py [--tiny-steps 40] [--smollm2-steps 6] [--repeats 1]
+    .venv/bin/python benchmarks/async_vs_sync.py [--tiny-steps 40] [--smollm2-steps 12] [--repeats 1]
 
 For the embedded model (the quickstart recipe) and for SmolLM2-135M-Instruct
-(``recipes/smollm2_arithmetic.yaml``), in one run: ``rollout.source: sync``, then ``async``
+(``recipes/smollm2_grpo.yaml``, the recipe that teaches it), in one run: ``rollout.source: sync``, then ``async``
 at ``max_staleness`` 1 and 2. Each run trains the same number of steps on the same number of
 sampled completions, without held-out evaluation (accuracy at staleness 1 is measured over 3
 seeds by the full quickstart runs, see docs/async.md). Reported per run: the run's wall time
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
     "tiny": (ROOT / "recipes" / "grpo.yaml", ["eval.size=0", "eval.every=0"]),
-    "smollm2": (ROOT / "recipes" / "smollm2_arithmetic.yaml", ["eval.size=0", "eval.every=0"]),
+    "smollm2": (ROOT / "recipes" / "smollm2_grpo.yaml", ["eval.size=0", "eval.every=0"]),
 }
 MODES = {
     "sync": [],
@@ -58,7 +58,7 @@ def train(recipe: Path, sets: list[str], run_dir: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny-steps", type=int, default=40)
-    parser.add_argument("--smollm2-steps", type=int, default=6)
+    parser.add_argument("--smollm2-steps", type=int, default=12)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode (the median time is kept)")
     args = parser.parse_args()

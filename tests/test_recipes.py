@@ -16,7 +16,8 @@ TINY = [p for p in RECIPES if load_recipe(p).model.backend == "tiny"]
 
 def test_the_issue_recipes_exist():
     names = {p.stem for p in RECIPES}
-    assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "dapo", "gspo", "smollm2_gsm8k", "smollm2_arithmetic"} <= names
+    assert {"grpo", "dr_grpo", "rloo", "reinforce_pp", "dapo", "gspo", "smollm2_gsm8k", "smollm2_arithmetic",
+            "smollm2_grpo", "grpo_async"} <= names
 
 
 @pytest.mark.parametrize("path", TINY, ids=lambda p: p.stem)
@@ -31,3 +32,26 @@ def test_recipe_runs(path, tmp_path):
     assert summary["steps"] == 2
     rows = [r for r in read_metrics(tmp_path / "run") if r["step"] > 0 and "reward/mean" in r]
     assert len(rows) == 2
+
+
+def test_smollm2_grpo_recipe_scores_its_own_format():
+    """The SmolLM2 recipe's prompt shows answers as `<answer>N</answer>` and cuts at the line
+    end; reasoning-gym's scorer must give 1 to that format with the right sum and 0 to a
+    wrong sum or an untagged one (what the base model often writes), and the shots' sums hold."""
+    pytest.importorskip("reasoning_gym")
+    from reasonrl.registry import REWARDS
+    from reasonrl.train.trainer import build_task
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "smollm2_grpo.yaml")
+    assert recipe.rollout.stop == ["\n"] and recipe.eval.reward == "reasoning_gym"
+    task = build_task(recipe)
+    train, held_out = task.train_problems(0, 32, 1), task.eval_problems(recipe.eval.size)
+    assert len(held_out) == 200 and not {p.prompt for p in train} & {p.prompt for p in held_out}
+    score = REWARDS.get("reasoning_gym")
+    for problem in train[:8]:
+        a, b = map(int, problem.meta["entry"]["question"].removeprefix("Calculate ").rstrip(".").split(" + "))
+        assert problem.answer == str(a + b) and problem.prompt.endswith(f"Calculate {a} + {b}.\nAnswer:")
+        assert score(f" <answer>{a + b}</answer>", problem) == 1.0
+        assert score(f" <answer>{a + b + 1}</answer>", problem) == 0.0
+        assert score(f" {a + b}", problem) == 0.0
+    assert "12 + 7?\nAnswer: <answer>19</answer>" in train[0].prompt and "9 - 4?\nAnswer: <answer>5</answer>" in train[0].prompt
