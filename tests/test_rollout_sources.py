@@ -53,9 +53,13 @@ def per_step(rows, key):
 def test_async_at_staleness_0_is_the_sync_run(tmp_path):
     """The peers' bug (verl #6780): async mode with staleness 0 must train exactly as sync."""
     common = dict(train={"steps": 4, "threads": 1}, rollout={"sampler_threads": 1})
-    Trainer(learning_recipe(**common), tmp_path / "sync", **QUIET).run()
-    Trainer(learning_recipe(**{**common, "rollout": {"sampler_threads": 1, "source": "async", "max_staleness": 0}}),
-            tmp_path / "async", **QUIET).run()
+    sync = Trainer(learning_recipe(**common), tmp_path / "sync", **QUIET)
+    sync.run()
+    asynchronous = Trainer(learning_recipe(**{**common, "rollout": {"sampler_threads": 1, "source": "async",
+                                                                   "max_staleness": 0}}), tmp_path / "async", **QUIET)
+    asynchronous.run()
+    # the sampler scores in its own process: the learner forks no reward workers it would never use
+    assert sync.scorer is not None and asynchronous.scorer is None
     sync_rows, async_rows = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
     assert comparable(sync_rows) == comparable(async_rows)
     assert same_weights(tmp_path / "sync", tmp_path / "async")

@@ -196,6 +196,7 @@ class AsyncSource(RolloutSource):
     random stream of its own; with one worker it continues the learner's stream."""
 
     off_policy = True
+    scores_in_learner = False  # each sampler scores with a scorer of its own
 
     def __init__(self, ctx: SourceContext) -> None:
         super().__init__(ctx)

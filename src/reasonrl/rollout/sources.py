@@ -61,6 +61,10 @@ class RolloutSource:
     """Base class; see the module docstring for the protocol."""
 
     off_policy = False  # may the sampler's weights differ from the learner's?
+    # Does this source score rewards with the learner's scorer (``SourceContext.scorer``)? A
+    # source whose samplers score in their own processes says no, and the learner forks no
+    # reward workers of its own.
+    scores_in_learner = True
 
     def __init__(self, ctx: SourceContext) -> None:
         self.ctx = ctx

@@ -92,7 +92,8 @@ class Trainer:
         self.evaluator = Evaluator(r, self.task)
         check_trackers(r.log.report_to)  # a missing extra fails now, not after the run folder exists
         # Reward workers are forked now, before the model exists, so they share no model pages.
-        self.scorer = build_scorer(r).start()
+        source = ROLLOUT_SOURCES.get(r.rollout.source)
+        self.scorer = build_scorer(r).start() if source.scores_in_learner else None
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
         self.policy = build_policy(r.model, log=self.log)
@@ -101,7 +102,7 @@ class Trainer:
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
         self.learner = Learner(self.policy.parameters(), r.optim, r.train.steps)
         self.methods = build_methods(r)
-        self.source = ROLLOUT_SOURCES.get(r.rollout.source)(SourceContext(
+        self.source = source(SourceContext(
             recipe=r, policy=self.policy, scorer=self.scorer, task=self.task, sampler=self.sampler,
             generator=self.generator, log=self.log))
         ctx = MethodContext(recipe=r, policy=self.policy, run_dir=self.run_dir, log=self.log,
@@ -186,7 +187,8 @@ class Trainer:
         finally:
             writer.close()
             self.source.close()
-            self.scorer.close()
+            if self.scorer is not None:
+                self.scorer.close()
         self.policy.save(self.run_dir / "final_model")
         if r.model.lora is not None and r.model.save_merged:
             from reasonrl.policy.lora import save_merged
