@@ -8,7 +8,8 @@ problem: a run's value is its per-problem ``final − base`` and the bootstrap i
 
 ``--lenient`` also separates the answer format from the arithmetic: it re-evaluates the
 base model and each final model greedily and counts a completion correct when its first
-integer equals the reference answer, tags or not (only for tasks whose answers are integers).
+(or its last) integer equals the reference answer, tags or not (only for tasks whose
+answers are integers): "a + b = c" answers hold c last, a bare "c" first and last.
 
     .venv/bin/python benchmarks/smollm2_gain.py RUN_DIR [RUN_DIR ...] [--lenient] [--json OUT]
 
@@ -41,8 +42,8 @@ def load(run: Path) -> dict:
             "steps": summary.get("steps")}
 
 
-def lenient_accuracy(model: str, run: Path) -> tuple[float, float]:
-    """(strict, lenient) greedy accuracy of ``model`` on ``run``'s held-out problems."""
+def lenient_accuracy(model: str, run: Path) -> tuple[float, float, float]:
+    """(strict, first-integer, last-integer) greedy accuracy of ``model`` on ``run``'s held-out problems."""
     from reasonrl.config import load_recipe
     from reasonrl.evaluate.evaluator import Evaluator
     from reasonrl.policy.loading import load_for_eval
@@ -51,7 +52,7 @@ def lenient_accuracy(model: str, run: Path) -> tuple[float, float]:
     recipe = load_recipe(run / "recipe.json")
     evaluator = Evaluator(recipe, build_task(recipe))
     policy = load_for_eval(model)
-    strict = lenient = 0
+    strict = first = last = 0
     problems = evaluator.problems
     for i in range(0, len(problems), evaluator.cfg.batch_size):
         chunk = problems[i:i + evaluator.cfg.batch_size]
@@ -59,9 +60,10 @@ def lenient_accuracy(model: str, run: Path) -> tuple[float, float]:
                               stop=evaluator.stop).texts
         for text, problem in zip(texts, chunk):
             strict += evaluator.is_correct(text, problem)
-            found = INT_RE.search(text)
-            lenient += bool(found) and found.group() == problem.answer.strip()
-    return strict / len(problems), lenient / len(problems)
+            numbers = INT_RE.findall(text)
+            first += bool(numbers) and numbers[0] == problem.answer.strip()
+            last += bool(numbers) and numbers[-1] == problem.answer.strip()
+    return strict / len(problems), first / len(problems), last / len(problems)
 
 
 def main() -> None:
@@ -83,11 +85,10 @@ def main() -> None:
     if args.lenient:
         recipe_model = json.loads((args.runs[0] / "recipe.json").read_text())["model"]["path"]
         result["lenient"] = {"base": lenient_accuracy(recipe_model, args.runs[0])}
-        print(f"base model: strict {result['lenient']['base'][0]:.3f}, any-format {result['lenient']['base'][1]:.3f}")
         for run in args.runs:
             result["lenient"][str(run)] = lenient_accuracy(str(run), run)
-            strict, loose = result["lenient"][str(run)]
-            print(f"{run}: strict {strict:.3f}, any-format {loose:.3f}")
+        for name, (strict, first, last) in result["lenient"].items():
+            print(f"{name}: strict {strict:.3f}, any format: first integer {first:.3f}, last integer {last:.3f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(f"smollm2_gain={statistics.mean(gains):.4f} ci_low={low:.4f} ci_high={high:.4f}")
