@@ -45,6 +45,7 @@ def load(run: Path) -> dict:
 def lenient_accuracy(model: str, run: Path) -> tuple[float, float, float]:
     """(strict, first-integer, last-integer) greedy accuracy of ``model`` on ``run``'s held-out problems."""
     from reasonrl.config import load_recipe
+    from reasonrl.evaluate.accuracy import greedy_texts
     from reasonrl.evaluate.evaluator import Evaluator
     from reasonrl.policy.loading import load_for_eval
     from reasonrl.train.trainer import build_task
@@ -54,15 +55,12 @@ def lenient_accuracy(model: str, run: Path) -> tuple[float, float, float]:
     policy = load_for_eval(model)
     strict = first = last = 0
     problems = evaluator.problems
-    for i in range(0, len(problems), evaluator.cfg.batch_size):
-        chunk = problems[i:i + evaluator.cfg.batch_size]
-        texts = policy.sample([p.prompt for p in chunk], 1, evaluator.budget, temperature=0.0,
-                              stop=evaluator.stop).texts
-        for text, problem in zip(texts, chunk):
-            strict += evaluator.is_correct(text, problem)
-            numbers = INT_RE.findall(text)
-            first += bool(numbers) and numbers[0] == problem.answer.strip()
-            last += bool(numbers) and numbers[-1] == problem.answer.strip()
+    texts = greedy_texts(policy, problems, evaluator.budget, evaluator.cfg.batch_size, evaluator.stop)
+    for text, problem in zip(texts, problems):
+        strict += evaluator.is_correct(text, problem)
+        numbers = INT_RE.findall(text)
+        first += bool(numbers) and numbers[0] == problem.answer.strip()
+        last += bool(numbers) and numbers[-1] == problem.answer.strip()
     return strict / len(problems), first / len(problems), last / len(problems)
 
 

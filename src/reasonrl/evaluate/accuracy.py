@@ -10,16 +10,22 @@ from reasonrl.rewards.basic import exact_answer
 from reasonrl.tasks.base import Problem
 
 
+def greedy_texts(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
+                 batch_size: int = 256, stop: list[str] | None = None) -> list[str]:
+    """The greedy completion of every problem, sampled ``batch_size`` prompts at a time."""
+    texts: list[str] = []
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        texts += policy.sample([p.prompt for p in chunk], 1, max_new_tokens, temperature=0.0, stop=stop).texts
+    return texts
+
+
 def greedy_outcomes(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
                     batch_size: int = 256, stop: list[str] | None = None,
                     reward: Callable[..., float] = exact_answer) -> list[bool]:
     """Per problem: does the greedy completion earn ``reward`` 1 (default: the exact ``####`` answer)?"""
-    correct: list[bool] = []
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i:i + batch_size]
-        texts = policy.sample([p.prompt for p in chunk], 1, max_new_tokens, temperature=0.0, stop=stop).texts
-        correct += [reward(t, p) == 1.0 for t, p in zip(texts, chunk)]
-    return correct
+    texts = greedy_texts(policy, problems, max_new_tokens, batch_size, stop)
+    return [reward(t, p) == 1.0 for t, p in zip(texts, problems)]
 
 
 def greedy_accuracy(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
