@@ -5,9 +5,10 @@
     the decode batch, and the fraction of decoded row-steps that were real tokens, without and
     with compaction (same seed: the same tokens must come out).
 (b) Sampling tokens/s at batch 8 (1 prompt x 8, 128 new tokens) for float32 without compaction
-    (today's sampler), float32 with compaction, and a bfloat16 sampling copy with compaction;
+    (the sampler before issue 10), float32 with compaction, a bfloat16 sampling copy with
+    compaction, and the fused Llama decoder (``rollout.decoder: fused``) in float32 and bfloat16;
     the runs are interleaved and repeated, and the ratios are of medians from this one run.
-(c) What the bfloat16 sampler costs in behaviour-learner mismatch: its sample_logprobs against
+(c) What the bfloat16 samplers cost in behaviour-learner mismatch: their sample_logprobs against
     float32 scoring of the same tokens (k3 KL over tokens, max |delta|).
 
 Absolute times depend on the machine and its load; compare the ratios.
@@ -88,9 +89,10 @@ def part_a(policy, budget, seed):
     return results[False][1] / results[True][1], results[False][2], same
 
 
-def part_b(policy, bf16, budget, repeats, seed):
+def part_b(policy, bf16, fused32, fused16, budget, repeats, seed):
     print(f"(b) batch 8 (1 prompt x 8), {budget} new tokens, temperature 1, {repeats} repeats (median)")
-    configs = {"fp32 (today)": (policy, False), "fp32+compaction": (policy, True), "bf16+compaction": (bf16, True)}
+    configs = {"fp32 (today)": (policy, False), "fp32+compaction": (policy, True), "bf16+compaction": (bf16, True),
+               "fp32 fused": (fused32, True), "bf16 fused": (fused16, True)}
     for pol, compact in configs.values():  # warm-up (kernel selection, first-call allocations)
         pol.sample([BATCH8], 8, 4, 1.0, generator=torch.Generator().manual_seed(seed), compact=compact)
     rates, samples = defaultdict(list), defaultdict(list)
@@ -109,10 +111,10 @@ def part_b(policy, bf16, budget, repeats, seed):
         print(f"  {name:16s}: {statistics.median(values):6.1f} tokens/s (runs: {', '.join(f'{v:.1f}' for v in values)}), "
               f"x{statistics.median(values) / today:.2f} of today; first run's real-token fraction {real:.2f}")
     speedups = {name: statistics.median(v) / today for name, v in rates.items()}
-    return speedups, samples["bf16+compaction"]
+    return speedups, {name: samples[name] for name in ("bf16+compaction", "bf16 fused", "fp32 fused")}
 
 
-def part_c(policy, bf16_samples):
+def part_c(policy, name, bf16_samples):
     deltas = []
     for s in bf16_samples:
         ids = torch.cat([s.prompt_ids, s.completion_ids], 1)
@@ -123,7 +125,7 @@ def part_c(policy, bf16_samples):
         deltas.append(learner[m] - s.sample_logprobs[m])  # log p_learner - log p_behaviour
     d = torch.cat(deltas)
     k3 = (d.exp() - 1 - d).mean()  # k3 estimate of KL(behaviour || learner), tokens drawn from behaviour
-    print(f"(c) bf16 sampler vs fp32 scoring over {d.numel()} sampled tokens: k3 KL {float(k3):.2e}, "
+    print(f"(c) {name} sampler vs fp32 scoring over {d.numel()} sampled tokens: k3 KL {float(k3):.2e}, "
           f"mean |delta| {float(d.abs().mean()):.2e}, max |delta| {float(d.abs().max()):.2e}")
     return float(k3), float(d.abs().max())
 
@@ -135,16 +137,24 @@ def main() -> None:
     ap.add_argument("--tokens-a", type=int, default=512)
     ap.add_argument("--tokens-b", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-a", action="store_true", help="skip (a), the long-tail case (minutes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     policy = load_hf_policy("smollm2-135m")
     policy.chat_template = True  # the Instruct model answers a user turn, and ends it with EOS
     bf16 = policy.sampling_copy("bfloat16")
+    fused16 = policy.sampling_copy("bfloat16")
+    fused16.decoder = "fused"
+    fused32 = policy.sampling_copy()
+    fused32.decoder = "fused"
     print(f"SmolLM2-135M-Instruct, {args.threads} threads, vocab {policy.model.config.vocab_size}")
-    wall_ratio, real_before, same = part_a(policy, args.tokens_a, args.seed)
-    speedups, bf16_samples = part_b(policy, bf16, args.tokens_b, args.repeats, args.seed)
-    kl, max_delta = part_c(policy, bf16_samples)
-    print(f"sampler_speedup_bf16={speedups['bf16+compaction']:.2f} "
+    wall_ratio, real_before, same = (float("nan"),) * 2 + (True,) if args.skip_a else part_a(policy, args.tokens_a, args.seed)
+    speedups, low = part_b(policy, bf16, fused32, fused16, args.tokens_b, args.repeats, args.seed)
+    mismatch = {name: part_c(policy, name, s) for name, s in low.items()}
+    kl, max_delta = mismatch["bf16+compaction"]
+    print(f"sampler_speedup_bf16_fused={speedups['bf16 fused']:.2f} sampler_speedup_fp32_fused={speedups['fp32 fused']:.2f} "
+          f"kl_bf16_fused={mismatch['bf16 fused'][0]:.2e} kl_fp32_fused={mismatch['fp32 fused'][0]:.2e} "
+          f"sampler_speedup_bf16={speedups['bf16+compaction']:.2f} "
           f"sampler_speedup_compaction={speedups['fp32+compaction']:.2f} kl_bf16={kl:.2e} "
           f"max_dlogp_bf16={max_delta:.2e} long_tail_wall_ratio={wall_ratio:.2f} real_fraction_full={real_before:.2f} "
           f"compaction_identical={int(same)} threads={args.threads}")

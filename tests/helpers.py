@@ -16,14 +16,17 @@ MINI_TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_s
              "warmup_steps": 30, "warmup_batch": 16}
 
 
-def mini_policy(seed: int = 0, pad_is_eos: bool = False) -> HFPolicy:
+def mini_policy(seed: int = 0, pad_is_eos: bool = False, decoder: str = "hf") -> HFPolicy:
     """An untrained mini policy; ``pad_is_eos`` gives it a tokenizer whose padding token is its
-    EOS, as SmolLM2's is, so tests see the real-model case that the char tokenizer hides."""
+    EOS, as SmolLM2's is, so tests see the real-model case that the char tokenizer hides;
+    ``decoder`` is its sampling decode step (``rollout.decoder``)."""
     tok = build_char_tokenizer()
     if pad_is_eos:
         tok.pad_token = tok.eos_token
     spec = TinySpec(**{**MINI_TINY, "seed": seed})
-    return HFPolicy(new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id), tok)
+    pol = HFPolicy(new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id), tok)
+    pol.decoder = decoder
+    return pol
 
 
 def mini_recipe(**sections):

@@ -17,11 +17,14 @@ def joined(s):
 
 
 PAD_IS_EOS = pytest.mark.parametrize("pad_is_eos", [False, True], ids=["pad!=eos", "pad==eos"])
+# The sampling loop's two decode steps (rollout.decoder): every sampling contract holds for both.
+DECODER = pytest.mark.parametrize("decoder", ["hf", "fused"])
 
 
+@DECODER
 @PAD_IS_EOS
-def test_sample_shapes_masks_and_truncation(pad_is_eos):
-    pol = mini_policy(pad_is_eos=pad_is_eos)
+def test_sample_shapes_masks_and_truncation(pad_is_eos, decoder):
+    pol = mini_policy(pad_is_eos=pad_is_eos, decoder=decoder)
     s = pol.sample(PROMPTS, 4, 10, temperature=1.0, generator=torch.Generator().manual_seed(0))
     n = len(PROMPTS) * 4
     assert s.completion_ids.shape[0] == n and len(s.texts) == n and s.completion_ids.shape[1] <= 10
@@ -35,9 +38,10 @@ def test_sample_shapes_masks_and_truncation(pad_is_eos):
     assert torch.equal(s.prompt_ids[0], s.prompt_ids[3])  # rows i*G..i*G+G-1 share prompt i
 
 
+@DECODER
 @PAD_IS_EOS
-def test_sampling_logprobs_match_the_scoring_pass(pad_is_eos):
-    pol = mini_policy(pad_is_eos=pad_is_eos)
+def test_sampling_logprobs_match_the_scoring_pass(pad_is_eos, decoder):
+    pol = mini_policy(pad_is_eos=pad_is_eos, decoder=decoder)
     s = pol.sample(PROMPTS, 3, 12, temperature=0.7, generator=torch.Generator().manual_seed(1))
     ids, mask = joined(s)
     logp, ent = pol.token_logprobs(ids, mask, s.completion_ids.shape[1], temperature=0.7, with_entropy=True)
@@ -90,9 +94,10 @@ def test_empty_prompt_is_rejected():
         mini_policy().sample(["1+2;", ""], 2, 4)
 
 
+@DECODER
 @PAD_IS_EOS
-def test_stop_strings_end_completions_and_are_cut_from_the_text(pad_is_eos):
-    pol = mini_policy(pad_is_eos=pad_is_eos)
+def test_stop_strings_end_completions_and_are_cut_from_the_text(pad_is_eos, decoder):
+    pol = mini_policy(pad_is_eos=pad_is_eos, decoder=decoder)
     s = pol.sample(PROMPTS, 8, 16, temperature=1.0, generator=torch.Generator().manual_seed(4), stop=["*"])
     eos = pol.tokenizer.eos_token_id
     stopped = 0
@@ -168,9 +173,10 @@ def assert_every_masked_token_was_sampled(pol, samples, stop, atol=2e-5):
     return ends
 
 
+@DECODER
 @PAD_IS_EOS
-def test_every_masked_token_was_sampled_at_eos_stop_and_budget(pad_is_eos):
-    pol = mini_policy(seed=1, pad_is_eos=pad_is_eos)
+def test_every_masked_token_was_sampled_at_eos_stop_and_budget(pad_is_eos, decoder):
+    pol = mini_policy(seed=1, pad_is_eos=pad_is_eos, decoder=decoder)
     stop = ["*"]
     s = pol.sample(PROMPTS * 4, 8, 12, temperature=1.0, generator=torch.Generator().manual_seed(6), stop=stop)
     ends = assert_every_masked_token_was_sampled(pol, s, stop)
@@ -184,11 +190,12 @@ def _assert_same_samples(a, b, atol=1e-5):
     torch.testing.assert_close(a.sample_logprobs, b.sample_logprobs, atol=atol, rtol=1e-5)
 
 
+@DECODER
 @PAD_IS_EOS
-def test_compaction_samples_exactly_what_the_full_batch_samples(pad_is_eos):
+def test_compaction_samples_exactly_what_the_full_batch_samples(pad_is_eos, decoder):
     """Rows that end leave the decode batch; the generator is consumed as before, so the same
     tokens come out, for rows ending at EOS, at a stop string and at the budget."""
-    pol = mini_policy(seed=1, pad_is_eos=pad_is_eos)
+    pol = mini_policy(seed=1, pad_is_eos=pad_is_eos, decoder=decoder)
     stop = ["*"]
     runs = [pol.sample(PROMPTS * 4, 8, 12, temperature=1.0, generator=torch.Generator().manual_seed(6), stop=stop,
                        compact=compact) for compact in (False, True)]

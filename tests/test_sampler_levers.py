@@ -45,11 +45,13 @@ def perturbed(state, keys, seed=0, scale=0.5):
 
 
 COMPACT = pytest.mark.parametrize("compact", [True, False], ids=["compact", "full-batch"])
+DECODER = pytest.mark.parametrize("decoder", ["hf", "fused"])
 
 
+@DECODER
 @COMPACT
-def test_token_versions_and_behaviour_logprobs_follow_a_swap_between_tokens(compact):
-    pol = mini_policy(seed=1)
+def test_token_versions_and_behaviour_logprobs_follow_a_swap_between_tokens(compact, decoder):
+    pol = mini_policy(seed=1, decoder=decoder)
     old = pol.sampling_copy()  # the weights before the swap, for scoring
     new = perturbed(pol.weights(), {NORM})
     at = 4
@@ -74,8 +76,11 @@ def test_token_versions_and_behaviour_logprobs_follow_a_swap_between_tokens(comp
     assert (lp_old[after] - lp_new[after]).abs().max() > 1e-2  # the swap did change the distribution
 
 
-def test_the_kv_cache_of_older_weights_is_kept_after_a_swap():
-    pol = mini_policy(seed=1)
+@DECODER
+def test_the_kv_cache_of_older_weights_is_kept_after_a_swap(decoder):
+    """The fused decoder packs its weights at the prefill: this also checks that it repacks them
+    when the version changes (the tokens after the swap follow the new weights)."""
+    pol = mini_policy(seed=1, decoder=decoder)
     old = pol.sampling_copy()
     new = perturbed(pol.weights(), set(pol.weights()))  # every tensor moves, keys/values included
     at = 4

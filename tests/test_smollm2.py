@@ -37,15 +37,18 @@ def test_smollm2_loads_and_two_grpo_steps_change_weights(tmp_path, monkeypatch):
     assert len(changed) > len(trained) // 2, "a GRPO update should move most weight tensors"
 
 
-def test_smollm2_every_masked_token_was_sampled():
+@pytest.mark.parametrize("decoder", ["hf", "fused"])
+def test_smollm2_every_masked_token_was_sampled(decoder):
     """The real tokenizer's pad equals its EOS (id 2): the case the char tokenizer hides. Rows ending
-    at a stop string and at the budget (and at EOS, when it occurs) train only on sampled tokens."""
+    at a stop string and at the budget (and at EOS, when it occurs) train only on sampled tokens,
+    with either decode step (the fused one on a real 30-layer GQA Llama)."""
     pytest.importorskip("gguf", reason="needs the smollm2 extra")
     from reasonrl.tasks.arithmetic import ArithmeticTask
 
     from test_policy_conformance import assert_every_masked_token_was_sampled
 
     policy = load_hf_policy("smollm2-135m")
+    policy.decoder = decoder
     assert policy.tokenizer.pad_token_id == policy.tokenizer.eos_token_id
     task = ArithmeticTask(template="Question: What is {expr}?\nAnswer:", few_shot=2)
     prompts = [p.prompt for p in task.train_problems(0, 4, 0)]

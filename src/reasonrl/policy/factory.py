@@ -6,8 +6,9 @@ from reasonrl.config import ModelConfig
 from reasonrl.policy.hf import HFPolicy
 
 
-def build_policy(cfg: ModelConfig, log=None, trainable: bool = True) -> HFPolicy:
-    """The policy (``trainable``: with its LoRA adapters, when configured) or a frozen copy."""
+def build_policy(cfg: ModelConfig, log=None, trainable: bool = True, decoder: str = "hf") -> HFPolicy:
+    """The policy (``trainable``: with its LoRA adapters, when configured) or a frozen copy;
+    ``decoder`` is its sampling decode step (``rollout.decoder``)."""
     if cfg.backend == "tiny":
         from reasonrl.policy.tiny import TinySpec, load_tiny_policy
 
@@ -27,4 +28,12 @@ def build_policy(cfg: ModelConfig, log=None, trainable: bool = True) -> HFPolicy
         from reasonrl.policy.lora import apply_lora
 
         policy.model = apply_lora(policy.model, cfg.lora)
+    if decoder == "fused":
+        from reasonrl.config import ConfigError
+        from reasonrl.policy.fused_decode import fused_unsupported
+
+        why = fused_unsupported(policy.model)
+        if why:
+            raise ConfigError(f"rollout.decoder is 'fused' but {why}; use rollout.decoder: hf")
+    policy.decoder = decoder
     return policy

@@ -51,6 +51,7 @@ class HFPolicy:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.chat_template = False  # wrap prompts as a user turn of the tokenizer's chat template
+        self.decoder = "hf"  # the sampling loop's decode step: "hf" (any model) or "fused" (Llama; fused_decode)
 
     # -- sampling ---------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
@@ -94,13 +95,18 @@ class HFPolicy:
 
         ``compact``: rows that have ended leave the decode batch (their KV cache, mask and
         positions are dropped). It changes nothing that is sampled, only what it costs.
+
+        ``self.decoder`` (``rollout.decoder``) chooses the decode step: ``"hf"``, transformers'
+        forward, or ``"fused"``, the fused Llama step with inverse-CDF draws
+        (``reasonrl.policy.fused_decode``; faster on CPU, other random stream).
         """
         was_training = self.model.training
         self.model.eval()
         ids, mask = self.encode_prompts(prompts)
         try:
             return sample_completions(self.model, self.tokenizer, ids, mask, num_generations, max_new_tokens,
-                                      temperature, generator, stop, refresh=refresh, compact=compact)
+                                      temperature, generator, stop, refresh=refresh, compact=compact,
+                                      decoder=self.decoder)
         finally:
             self.model.train(was_training)
 
@@ -279,6 +285,7 @@ class HFPolicy:
         model.eval()
         twin = HFPolicy(model, self.tokenizer, self.device)
         twin.chat_template = self.chat_template
+        twin.decoder = self.decoder
         return twin
 
     def parameters(self):

@@ -120,7 +120,7 @@ class SamplerWorker:
         self.generator.set_state(start["generator"])
         self.step = start["step"]
         self.scorer = build_scorer(recipe).start()
-        policy = build_policy(recipe.model, log=lambda m: None)
+        policy = build_policy(recipe.model, log=lambda m: None, decoder=recipe.rollout.decoder)
         self.policy = policy.sampling_copy(recipe.rollout.dtype)
         self.version, self.published = -1, -1
         self.simulated = recipe.rollout.simulated_staleness // optimizer_steps_per_step(recipe)

@@ -96,7 +96,7 @@ class Trainer:
         self.scorer = build_scorer(r).start() if source.scores_in_learner else None
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
-        self.policy = build_policy(r.model, log=self.log)
+        self.policy = build_policy(r.model, log=self.log, decoder=r.rollout.decoder)
         check_rollout_fits(r, self.policy, self.task)
         # The reference model exists only when a KL term uses it.
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None

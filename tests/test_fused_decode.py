@@ -1,0 +1,125 @@
+"""The fused Llama decode step (``rollout.decoder: fused``) and the inverse-CDF draw.
+
+The sampling contracts (masks, stop strings, compaction, partial rollouts, pad == EOS) run for
+both decoders in the conformance suite and ``test_sampler_levers.py``; here: the step's logits
+against transformers' own decode, the draw's distribution, and what it refuses."""
+
+import pytest
+import torch
+
+from reasonrl.config import ConfigError, LoraConfig, ModelConfig
+from reasonrl.policy.fused_decode import FusedLlamaDecoder, HFDecoder, fused_unsupported
+from reasonrl.policy.sampling import _draw_inverse_cdf, position_ids_from_mask
+
+from helpers import MINI_TINY, mini_policy
+
+
+ATOL_BF16 = 0.25
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_step_equals_transformers_decode(dtype):
+    """Prefill, decode steps over left-padded prompts of different lengths, a compaction and more
+    steps: the logits equal transformers' decode up to float rounding (products in another order)."""
+    from reasonrl.policy.tiny import load_tiny_policy
+
+    pol = load_tiny_policy()  # trained: logits of size ~10, so a wrong term would show
+    model = pol.model.to(dtype).eval()
+    ids, mask = pol.encode_prompts(["1+2;", "(12+3)*4;", "7;"])
+    pos = position_ids_from_mask(mask)
+    ref, fused = HFDecoder(model), FusedLlamaDecoder(model)
+    atol = 1e-4 if dtype == torch.float32 else ATOL_BF16
+    with torch.no_grad():
+        torch.testing.assert_close(fused.prefill(ids, mask, pos, 2, 12), ref.prefill(ids, mask, pos, 2, 12))
+        mask, pos = mask.repeat_interleave(2, 0), pos[:, -1:].repeat_interleave(2, 0) + 1
+        gen = torch.Generator().manual_seed(0)
+        compared = 0
+        for t in range(10):
+            tok = torch.randint(0, len(pol.tokenizer), (mask.shape[0],), generator=gen)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], -1)
+            a, b = ref.step(tok, mask, pos), fused.step(tok, mask, pos)
+            torch.testing.assert_close(b.float(), a.float(), atol=atol, rtol=0)
+            assert a.float().abs().max() > 3  # real logits, not a near-uniform pass
+            compared += 1
+            pos = pos + 1
+            if t == 4:  # compaction: rows 1, 2 and 5 leave the batch
+                keep = torch.tensor([0, 3, 4])
+                ref.select(keep), fused.select(keep)
+                mask, pos = mask[keep], pos[keep]
+    assert compared == 10
+
+
+def test_inverse_cdf_draws_the_distribution_and_never_a_zero():
+    probs = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0], [0.1, 0.1, 0.1, 0.1, 0.6]])
+    gen = torch.Generator().manual_seed(0)
+    live = torch.arange(3)
+    draws = torch.stack([_draw_inverse_cdf(probs, live, 3, gen, {}) for _ in range(20000)])  # [draws, rows]
+    for row in range(3):
+        freq = torch.bincount(draws[:, row], minlength=5).double() / len(draws)
+        torch.testing.assert_close(freq, probs[row].double(), atol=0.012, rtol=0)  # ~3.5 sd at n = 20000
+        assert (freq[probs[row] == 0] == 0).all()
+
+
+def test_inverse_cdf_gives_live_rows_their_full_batch_tokens():
+    """After compaction the live rows draw with the uniforms they would have had in the full batch."""
+    probs = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(1)), -1)
+    full = _draw_inverse_cdf(probs, torch.arange(6), 6, torch.Generator().manual_seed(5), {})
+    live = torch.tensor([1, 4, 5])
+    part = _draw_inverse_cdf(probs[live], live, 6, torch.Generator().manual_seed(5), {})
+    assert torch.equal(part, full[live])
+
+
+def test_fused_decoder_refuses_lora_and_names_the_fix():
+    from reasonrl.policy.factory import build_policy
+
+    cfg = ModelConfig(backend="tiny", tiny=dict(MINI_TINY), lora=LoraConfig(r=4))
+    with pytest.raises(ConfigError, match=r"rollout.decoder is 'fused' but LoRA.*use rollout.decoder: hf"):
+        build_policy(cfg, decoder="fused")
+    assert build_policy(cfg, decoder="hf").decoder == "hf"
+    plain = mini_policy()
+    assert fused_unsupported(plain.model) is None
+    plain.model.config.mlp_bias = True
+    assert "mlp_bias" in fused_unsupported(plain.model)
+    with pytest.raises(ValueError, match="mlp_bias"):
+        FusedLlamaDecoder(plain.model)
+
+
+def test_recipe_key_reaches_the_sampler_and_its_bf16_copy():
+    from reasonrl.config import recipe_from_dict
+
+    with pytest.raises(ConfigError, match="rollout.decoder"):
+        recipe_from_dict({"rollout": {"decoder": "vllm"}}, "test recipe")
+    pol = mini_policy(decoder="fused")
+    twin = pol.sampling_copy("bfloat16")
+    assert twin.decoder == "fused"
+    s = twin.sample(["1+2;"], 4, 6, generator=torch.Generator().manual_seed(0))
+    assert s.completion_ids.shape[0] == 4 and (s.sample_logprobs[s.completion_mask.bool()] < 0).all()
+
+
+def test_a_fused_bf16_run_trains_and_resumes_exactly(tmp_path, monkeypatch):
+    """The recipe key reaches the trainer's sampler (a bf16 copy, so the behaviour policy is
+    explicit) and a crash + resume in this mode equals the straight run."""
+    from reasonrl.train.metrics import read_metrics
+    from reasonrl.train.trainer import Trainer
+    from safetensors.torch import load_file
+
+    from helpers import crash_at_step, mini_recipe
+
+    recipe = mini_recipe(rollout={"decoder": "fused", "dtype": "bfloat16"},
+                         off_policy={"name": "tis", "level": "token", "cap": 2.0})
+    prefills = []
+    real_prefill = FusedLlamaDecoder.prefill
+    monkeypatch.setattr(FusedLlamaDecoder, "prefill", lambda self, *a: prefills.append(self.model.dtype)
+                        or real_prefill(self, *a))
+    Trainer(recipe, tmp_path / "a", log=lambda m: None).run()
+    assert torch.bfloat16 in prefills  # training rollouts: the bf16 sampler, fused
+    monkeypatch.undo()
+    with crash_at_step(monkeypatch, 2):
+        Trainer(recipe, tmp_path / "b", log=lambda m: None).run()
+    Trainer(recipe, tmp_path / "b", resume=True, log=lambda m: None).run()
+    rows = [[{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_metrics(tmp_path / d)]
+            for d in "ab"]
+    assert rows[0] == rows[1]
+    assert any("offpolicy/kl_behaviour" in r for r in rows[0])  # the bf16 sampler's mismatch is measured
+    wa, wb = (load_file(str(tmp_path / d / "final_model" / "model.safetensors")) for d in "ab")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
