@@ -113,13 +113,15 @@ class HFPolicy:
     def sampling_bytes(self, rows: int, length: int) -> int:
         """About how much memory sampling ``rows`` sequences of ``length`` tokens takes: the KV
         cache (2 · layers · kv_heads · head_dim per token) and a few float32 copies of the
-        next-token logits per row. An estimate, to refuse absurd budgets before they start."""
+        next-token logits per row. An estimate, to refuse absurd budgets before they start (the
+        fused decoder's packed copy of the weights, one model's size, is not counted)."""
         cfg = self.model.config
         layers = getattr(cfg, "num_hidden_layers", 1)
         heads = getattr(cfg, "num_attention_heads", 1)
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        width = next(self.model.parameters()).element_size()
+        # The fused decoder keeps its cache in float32 whatever the model's dtype.
+        width = 4 if self.decoder == "fused" else next(self.model.parameters()).element_size()
         kv = 2 * layers * kv_heads * head_dim * width * length
         logits = 3 * 4 * cfg.vocab_size
         return rows * (kv + logits)
