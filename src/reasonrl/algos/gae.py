@@ -1,0 +1,67 @@
+"""Generalized Advantage Estimation over a critic's token values (PPO's advantage).
+
+Schulman et al. (2016), "High-Dimensional Continuous Control Using Generalized Advantage
+Estimation" (arXiv:1506.02438). For one sequence with token rewards r_t, critic values V_t and
+response mask m_t, walking backwards over the valid tokens only::
+
+    δ_t = r_t + γ·V_next − V_t
+    A_t = δ_t + γ·λ·A_next
+    R_t = A_t + V_t                    (the critic's regression target)
+
+where V_next and A_next are those of the next *valid* token (0 after the last one). A masked
+position inside the response (a tool's output between turns) is skipped: it neither adds a
+TD error nor breaks the trace, so the tokens on either side of it are chained as if adjacent
+(γ is applied once across the gap). These are the semantics of verl's
+``compute_gae_advantage_return`` ("skip values and TD-error on observation tokens"); verl
+also returns the carried values at masked positions, here everything outside the mask is 0.
+With ``whiten`` (verl's default) the advantages are whitened over every valid token of the
+batch; the returns are not.
+
+Edge cases: γ = λ = 1 gives A_t = Σ_{t'≥t} r_{t'} − V_t (the Monte-Carlo return minus the
+value); λ = 0 gives the one-step TD error δ_t.
+
+The critic that supplies ``values`` (and trains on ``returns``) is a method that owns a
+model; this module is the pure function.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reasonrl.algos.masked import as_float, masked_whiten
+
+__all__ = ["gae_advantages_and_returns"]
+
+
+def gae_advantages_and_returns(
+    token_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """GAE(γ, λ) advantages and returns ``R = A + V``, both ``[B, T]``, zero outside the mask,
+    detached (targets, not model outputs). See the module docstring for the recursion."""
+    if not (token_rewards.shape == values.shape == response_mask.shape) or token_rewards.dim() != 2:
+        raise ValueError(f"token_rewards, values and response_mask must all be [B,T]; got "
+                         f"{tuple(token_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}")
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gamma and lam must lie in [0, 1]; got gamma={gamma}, lam={lam}")
+    valid = response_mask.bool()
+    r = torch.where(valid, as_float(token_rewards.detach()), 0.0)
+    v = torch.where(valid, as_float(values.detach()), 0.0)
+    advantages = torch.zeros_like(r)
+    next_value = torch.zeros_like(r[:, 0])
+    next_adv = torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):  # O(T): a closed form would need γλ-powers over gaps
+        step = valid[:, t]
+        adv = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_adv
+        next_adv = torch.where(step, adv, next_adv)
+        next_value = torch.where(step, v[:, t], next_value)
+        advantages[:, t] = torch.where(step, adv, 0.0)
+    returns = torch.where(valid, advantages + v, 0.0)
+    if whiten:
+        advantages = masked_whiten(advantages, response_mask)
+    return advantages, returns
