@@ -1,4 +1,7 @@
-"""Generalized Advantage Estimation over a critic's token values (PPO's advantage).
+"""A critic's math: GAE advantages over its token values, and its clipped value loss.
+
+GAE
+---
 
 Schulman et al. (2016), "High-Dimensional Continuous Control Using Generalized Advantage
 Estimation" (arXiv:1506.02438). For one sequence with token rewards r_t, critic values V_t and
@@ -20,8 +23,20 @@ batch; the returns are not.
 Edge cases: γ = λ = 1 gives A_t = Σ_{t'≥t} r_{t'} − V_t (the Monte-Carlo return minus the
 value); λ = 0 gives the one-step TD error δ_t.
 
+Value loss
+----------
+PPO's clipped value loss (Schulman et al. 2017; the form of OpenAI baselines, verl
+``compute_value_loss``): with the critic's new prediction v, its prediction at sampling time
+v_old, the return R and clip range c::
+
+    l_t = ½ · max((v_t − R_t)², (clip(v_t, v_old,t − c, v_old,t + c) − R_t)²)
+
+so a value update gains nothing from moving more than c from the value the advantages were
+computed with. ``clip=None`` is the plain ½(v − R)². The per-token matrix is reduced with
+``reasonrl.algos.losses.aggregate`` (the batch totals passed down, as for the policy loss).
+
 The critic that supplies ``values`` (and trains on ``returns``) is a method that owns a
-model; this module is the pure function.
+model; this module holds only the pure functions.
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ from torch import Tensor
 
 from reasonrl.algos.masked import as_float, masked_whiten
 
-__all__ = ["gae_advantages_and_returns"]
+__all__ = ["gae_advantages_and_returns", "clipped_value_loss"]
 
 
 def gae_advantages_and_returns(
@@ -65,3 +80,27 @@ def gae_advantages_and_returns(
     if whiten:
         advantages = masked_whiten(advantages, response_mask)
     return advantages, returns
+
+
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, response_mask: Tensor, clip: float | None = 0.2
+) -> tuple[Tensor, Tensor]:
+    """Per-token ½·max((v − R)², (clip(v, v_old ± c) − R)²), ``[B, T]`` with gradients through
+    ``values`` only and 0 outside the mask, and the clipped fraction (the share of valid tokens
+    where the clipped term is the larger, verl ``vf_clipfrac``). See the module docstring."""
+    if not (values.shape == old_values.shape == returns.shape == response_mask.shape) or values.dim() != 2:
+        raise ValueError(f"values, old_values, returns and response_mask must all be [B,T]; got "
+                         f"{tuple(values.shape)}, {tuple(old_values.shape)}, {tuple(returns.shape)}, "
+                         f"{tuple(response_mask.shape)}")
+    if clip is not None and not clip > 0:
+        raise ValueError(f"the value clip range must be > 0 (or None for no clipping), got {clip}")
+    valid = response_mask.bool()
+    v, target = as_float(values), as_float(returns.detach())
+    plain = (v - target).square()
+    if clip is None:
+        return torch.where(valid, 0.5 * plain, 0.0), torch.zeros((), device=v.device)
+    old = as_float(old_values.detach())
+    clipped = (torch.clamp(v, old - clip, old + clip) - target).square()
+    loss = torch.where(valid, 0.5 * torch.maximum(plain, clipped), 0.0)
+    frac = (clipped > plain).float()[valid].mean() if bool(valid.any()) else torch.zeros((), device=v.device)
+    return loss, frac

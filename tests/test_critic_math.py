@@ -1,11 +1,12 @@
-"""GAE(γ, λ): hand-computed numbers (with an interior masked gap), the edge cases, and
-equivalence with verl's ``compute_gae_advantage_return`` recursion (re-derived in
-``verl_style_gae`` below from its documented semantics)."""
+"""The critic's math. GAE(γ, λ): hand-computed numbers (with an interior masked gap), the edge
+cases, and equivalence with verl's ``compute_gae_advantage_return`` recursion (re-derived in
+``verl_style_gae`` below from its documented semantics). The clipped value loss: hand-computed
+numbers, where its gradient stops, the clipped fraction."""
 
 import pytest
 import torch
 
-from reasonrl.algos.gae import gae_advantages_and_returns
+from reasonrl.algos.critic import clipped_value_loss, gae_advantages_and_returns
 from reasonrl.algos.masked import masked_whiten
 
 T = torch.tensor
@@ -78,3 +79,27 @@ def test_targets_carry_no_gradient_and_bad_input_is_named():
         gae_advantages_and_returns(torch.ones(2, 3), torch.ones(2, 4), torch.ones(2, 3))
     with pytest.raises(ValueError, match="gamma and lam"):
         gae_advantages_and_returns(torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 3), lam=1.5)
+
+
+def test_clipped_value_loss_hand_computed():
+    """c = 0.2. Token 0: v 1.0, v_old 0.5, R 0: clip(v) = 0.7, (1.0)² vs 0.49 -> ½·1.0 = 0.5.
+    Token 1: v 0.2, v_old 0.5, R 1: clip = 0.3, 0.64 vs 0.49 -> 0.32. Token 2: v 0.9, v_old 0.5,
+    R 1: clip = 0.7, 0.01 vs 0.09 -> the clipped term, 0.045. Token 3 is masked."""
+    v = T([[1.0, 0.2, 0.9, 7.0]], requires_grad=True)
+    loss, frac = clipped_value_loss(v, T([[0.5, 0.5, 0.5, 0.0]]), T([[0.0, 1.0, 1.0, 0.0]]), T([[1, 1, 1, 0]]), 0.2)
+    torch.testing.assert_close(loss, T([[0.5, 0.32, 0.045, 0.0]]))
+    torch.testing.assert_close(frac, T(1 / 3))
+    loss.sum().backward()
+    # d/dv ½(v − R)² = v − R where the plain term wins; 0 where the clipped term (constant in v
+    # outside the clip range) wins; 0 at the masked token.
+    torch.testing.assert_close(v.grad, T([[1.0, -0.8, 0.0, 0.0]]))
+
+
+def test_unclipped_value_loss_and_bad_input():
+    loss, frac = clipped_value_loss(T([[1.0, 2.0]]), T([[0.0, 0.0]]), T([[0.0, 0.0]]), T([[1, 1]]), clip=None)
+    torch.testing.assert_close(loss, T([[0.5, 2.0]]))
+    assert float(frac) == 0.0
+    with pytest.raises(ValueError, match="clip range must be > 0"):
+        clipped_value_loss(T([[1.0]]), T([[0.0]]), T([[0.0]]), T([[1]]), clip=0.0)
+    with pytest.raises(ValueError, match=r"must all be \[B,T\]"):
+        clipped_value_loss(T([1.0]), T([0.0]), T([0.0]), T([1]))
