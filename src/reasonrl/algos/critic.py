@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import as_float, masked_whiten
+from reasonrl.algos.masked import as_float, masked_mean, masked_whiten
 
 __all__ = ["gae_advantages_and_returns", "clipped_value_loss"]
 
@@ -102,5 +102,4 @@ def clipped_value_loss(
     old = as_float(old_values.detach())
     clipped = (torch.clamp(v, old - clip, old + clip) - target).square()
     loss = torch.where(valid, 0.5 * torch.maximum(plain, clipped), 0.0)
-    frac = (clipped > plain).float()[valid].mean() if bool(valid.any()) else torch.zeros((), device=v.device)
-    return loss, frac
+    return loss, masked_mean((clipped > plain).float(), valid)

@@ -28,12 +28,9 @@ def build_policy(cfg: ModelConfig, log=None, trainable: bool = True, decoder: st
         from reasonrl.policy.lora import apply_lora
 
         policy.model = apply_lora(policy.model, cfg.lora)
-    if decoder == "fused":
-        from reasonrl.config import ConfigError
-        from reasonrl.policy.fused_decode import fused_unsupported
+    if decoder == "fused":  # refused now, before the run folder exists, not at the first sample
+        from reasonrl.policy.fused_decode import require_fused
 
-        why = fused_unsupported(policy.model)
-        if why:
-            raise ConfigError(f"rollout.decoder is 'fused' but {why}; use rollout.decoder: hf")
+        require_fused(policy.model)
     policy.decoder = decoder
     return policy

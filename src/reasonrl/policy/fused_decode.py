@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported"]
+__all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused"]
 
 
 class HFDecoder:
@@ -81,13 +81,20 @@ def fused_unsupported(model) -> str | None:
     return None
 
 
+def require_fused(model) -> None:
+    """Raise a ``ConfigError`` (the CLI exits 2) naming why ``model`` cannot use the fused decoder."""
+    why = fused_unsupported(model)
+    if why:
+        from reasonrl.params import ConfigError
+
+        raise ConfigError(f"rollout.decoder is 'fused' but {why}; use rollout.decoder: hf")
+
+
 class FusedLlamaDecoder:
     """The Llama decode step over fused weights and a preallocated float32 KV cache."""
 
     def __init__(self, model) -> None:
-        why = fused_unsupported(model)
-        if why:
-            raise ValueError(f"rollout.decoder 'fused': {why}; use rollout.decoder: hf")
+        require_fused(model)
         cfg = model.config
         self.model = model
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
