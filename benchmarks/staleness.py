@@ -1,9 +1,14 @@
-"""The staleness test bed: the quickstart recipe at simulated staleness k, uncorrected and
-with each off-policy correction, 3 seeds each; final held-out accuracy mean ± sd and a
-``reasonrl report`` with statistics against the on-policy run (k = 0).
+"""The staleness test bed: the quickstart recipe at simulated staleness k, uncorrected, with
+each off-policy correction, and with the stale-rollout methods (TIC-/GMC-GRPO, PPO, COPC), 3
+seeds each; final held-out accuracy mean ± sd, steps to reach 0.8, the share of seeds that
+collapse (end below the base model), and a ``reasonrl report`` with statistics against the
+on-policy run (k = 0).
 
-    .venv/bin/python benchmarks/staleness.py OUT                      # the full grid (hours on 2 cores)
-    .venv/bin/python benchmarks/staleness.py OUT --steps 100 --ks 0 2 8 --corrections none tis decoupled_ppo
+    .venv/bin/python benchmarks/staleness.py OUT                      # the corrections (hours on 2 cores)
+    .venv/bin/python benchmarks/staleness.py OUT --steps 100 --ks 0 2 8 --arms none tis decoupled_ppo
+    .venv/bin/python benchmarks/staleness.py OUT --steps 100 --ks 0 2 4 8 --arms none behaviour_ppo tic_grpo gmc_grpo ppo copc
+    .venv/bin/python benchmarks/staleness.py OUT --steps 100 --ks 8 --arms tic_grpo gmc_grpo \
+        --set rollout.num_generations=16 --set train.prompts_per_step=8     # same samples, larger groups
 
 ``rollout.simulated_staleness: k`` samples every batch with the weights of exactly k
 optimiser versions ago (deterministic, so differences are the corrections', not timing's).
@@ -11,7 +16,7 @@ optimiser versions ago (deterministic, so differences are the corrections', not 
 ``offpolicy/*`` metric logged. At k = 0 every correction's weights are 1, so only the
 uncorrected run is trained there. Runs that finished are skipped, so the script can be
 restarted; one run at a time (each uses both cores). The last line is machine-readable:
-``staleness <k>/<correction>=<mean accuracy>`` for every cell.
+``staleness_<k>/<arm>=<mean accuracy>`` for every cell.
 """
 
 from __future__ import annotations
@@ -26,21 +31,40 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "grpo.yaml"
-CORRECTIONS = {
-    "none": {"name": "none"},
-    "tis": {"name": "tis", "level": "token", "cap": 2.0},
-    "mis": {"name": "mis", "level": "token", "cap": 2.0},
-    "decoupled_ppo": {"name": "decoupled_ppo", "cap": 5.0},
-    "behaviour_ppo": {"name": "behaviour_ppo"},
+CRITIC = {"name": "critic", "lr": 1.0e-4, "warmup_steps": 5, "clip": 0.5}
+# Every arm is a set of recipe overrides. The first five are the off-policy corrections of
+# GRPO (issue 10); at k = 0 their weights are 1, so only "none" is trained there.
+ARMS = {
+    "none": {"off_policy": {"name": "none"}},
+    "tis": {"off_policy": {"name": "tis", "level": "token", "cap": 2.0}},
+    "mis": {"off_policy": {"name": "mis", "level": "token", "cap": 2.0}},
+    "decoupled_ppo": {"off_policy": {"name": "decoupled_ppo", "cap": 5.0}},
+    "behaviour_ppo": {"off_policy": {"name": "behaviour_ppo"}},
+    # Issue 11's methods. TIC-/GMC-GRPO take their trajectory ratio against the behaviour
+    # log-probs (anchor μ); on-policy both equal GRPO (unit-tested), so they skip k = 0 too.
+    "tic_grpo": {"loss.policy": "tic_grpo", "off_policy": {"name": "behaviour_ppo"}},
+    "gmc_grpo": {"loss.policy": "gmc_grpo", "off_policy": {"name": "behaviour_ppo"}},
+    # PPO with a critic (recipes/ppo.yaml), its ratio against μ as in behaviour_ppo; COPC
+    # (recipes/copc.yaml). Both differ from GRPO on-policy, so they run at k = 0.
+    "ppo": {"advantage": {"name": "gae", "gamma": 1.0, "lam": 0.95}, "methods": [CRITIC],
+            "off_policy": {"name": "behaviour_ppo"}},
+    "copc": {"advantage": {"name": "copc", "gamma": 1.0, "lam": 0.95, "c_low": 0.5, "c_high": 2.0},
+             "methods": [CRITIC], "off_policy": {"name": "ratio_mask", "cap": 5.0}},
 }
+ON_POLICY_ARMS = {"none", "ppo", "copc"}  # the arms that differ from each other at k = 0
 
 
-def cells(ks: list[int], corrections: list[str]) -> list[tuple[int, str]]:
-    return [(k, c) for k in ks for c in corrections if k > 0 or c == "none"]
+def cells(ks: list[int], arms: list[str]) -> list[tuple[int, str]]:
+    return [(k, a) for k in ks for a in arms if k > 0 or a in ON_POLICY_ARMS]
 
 
-def run(out: Path, k: int, correction: str, seed: int, steps: int | None) -> Path:
-    run_dir = out / f"k{k}-{correction}-s{seed}"
+def tag(extra: list[str]) -> str:
+    """The run folder's suffix for further overrides: rollout.num_generations=16 -> -num_generations16."""
+    return "".join(f"-{e.split('=')[0].split('.')[-1]}{e.split('=', 1)[1]}" for e in extra)
+
+
+def run(out: Path, k: int, arm: str, seed: int, steps: int | None, extra: list[str] = ()) -> Path:
+    run_dir = out / f"k{k}-{arm}{tag(extra)}-s{seed}"
     if (run_dir / "summary.json").exists():
         print(f"skip {run_dir.name}", flush=True)
         return run_dir
@@ -48,8 +72,8 @@ def run(out: Path, k: int, correction: str, seed: int, steps: int | None) -> Pat
         import shutil
 
         shutil.rmtree(run_dir)
-    sets = [f"train.seed={seed}", f"rollout.simulated_staleness={k}",
-            f"off_policy={json.dumps(CORRECTIONS[correction])}", "log.progress=false"]
+    sets = [f"train.seed={seed}", f"rollout.simulated_staleness={k}", "log.progress=false"]
+    sets += [f"{key}={json.dumps(value)}" for key, value in ARMS[arm].items()] + list(extra)
     if steps:
         sets += [f"train.steps={steps}", f"eval.every={max(steps // 4, 1)}"]
     command = [sys.executable, "-m", "reasonrl.cli", "train", str(RECIPE), "-o", str(run_dir)]
@@ -75,6 +99,22 @@ def late(run_dir: Path, key: str) -> float | None:
     return statistics.mean(values[-20:]) if values else None
 
 
+def steps_to(run_dir: Path, level: float) -> int | None:
+    """The first evaluation step whose held-out accuracy reaches ``level`` (None: never)."""
+    from reasonrl.train.metrics import read_metrics
+
+    for r in read_metrics(run_dir):
+        if r.get("step", 0) > 0 and isinstance(r.get("eval/accuracy"), (int, float)) and r["eval/accuracy"] >= level:
+            return r["step"]
+    return None
+
+
+def collapsed(run_dir: Path) -> bool:
+    """A run "collapses" when it ends below the accuracy it started from (the base model's)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary["final_accuracy"] < summary["base_accuracy"]
+
+
 def mean_sd(values: list[float | None]) -> str:
     values = [v for v in values if v is not None]
     if not values:
@@ -87,31 +127,42 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8])
-    parser.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=list(CORRECTIONS))
+    parser.add_argument("--arms", "--corrections", nargs="+", default=list(ARMS)[:5], choices=list(ARMS),
+                        help="default: the five corrections of GRPO")
+    parser.add_argument("--set", dest="extra", action="append", default=[],
+                        help="a further recipe override for every run, named in the run folder (e.g. "
+                             "rollout.num_generations=16)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=None, help="shorten every run (default: the recipe's)")
     parser.add_argument("--no-train", action="store_true", help="only summarise the runs in OUT")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    grid = cells(args.ks, args.corrections)
+    grid = cells(args.ks, args.arms)
+    suffix = tag(args.extra)
     if not args.no_train:
         for seed in args.seeds:  # seed-major: a partial grid still has every cell
             for k, correction in grid:
-                run(args.out, k, correction, seed, args.steps)
+                run(args.out, k, correction, seed, args.steps, args.extra)
 
-    print("\n| k | correction | final accuracy | KL(μ‖π) late | IS weight max late | masked/truncated late |")
-    print("|---|---|---|---|---|---|")
+    print("\n| k | arm | final accuracy | steps to 0.8 | collapsed | KL(μ‖π) late | IS weight max late "
+          "| masked/truncated late |")
+    print("|---|---|---|---|---|---|---|---|")
     line = []
     for k, correction in grid:
-        dirs = [args.out / f"k{k}-{correction}-s{s}" for s in args.seeds]
+        dirs = [args.out / f"k{k}-{correction}{suffix}-s{s}" for s in args.seeds]
         acc = [final(d, "accuracy") for d in dirs]
         cut = [(late(d, "offpolicy/masked_fraction") or 0) + (late(d, "offpolicy/truncated_fraction") or 0)
                for d in dirs if d.exists()]
-        print(f"| {k} | {correction} | {mean_sd(acc)} | {mean_sd([late(d, 'offpolicy/kl_behaviour') for d in dirs])} "
+        reach = [steps_to(d, 0.8) for d in dirs if (d / "summary.json").exists()]
+        reached = [x for x in reach if x is not None]
+        fell = [collapsed(d) for d in dirs if (d / "summary.json").exists()]
+        print(f"| {k} | {correction} | {mean_sd(acc)} | {mean_sd(reached) if reached else 'never'} "
+              f"({len(reached)}/{len(reach)}) | {sum(fell)}/{len(fell)} "
+              f"| {mean_sd([late(d, 'offpolicy/kl_behaviour') for d in dirs])} "
               f"| {mean_sd([late(d, 'offpolicy/is_weight_max') for d in dirs])} | {mean_sd(cut)} |")
         got = [a for a in acc if a is not None]
         if got:
-            line.append(f"staleness_{k}/{correction}={statistics.mean(got):.4f}")
+            line.append(f"staleness_{k}/{correction}{suffix}={statistics.mean(got):.4f}")
     finished = [d for d in sorted(args.out.iterdir()) if (d / "summary.json").exists()]
     if finished and any(d.name.startswith("k0-none-") for d in finished):
         subprocess.run([sys.executable, "-m", "reasonrl.cli", "report", *map(str, finished), "-o",

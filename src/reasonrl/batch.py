@@ -42,6 +42,9 @@ class RolloutBatch:
     # [N, T] detached off-policy correction weights (``off_policy`` in the recipe) that multiply
     # the per-token policy loss; None: no correction.
     is_weights: Tensor | None = None
+    # [N, T] detached behaviour ratio ρ = π_prox/μ that correction computed its weights from
+    # (the row's ratio on every token at sequence levels); None: no correction.
+    behaviour_ratio: Tensor | None = None
     token_rewards: Tensor | None = None  # [N, T]
     # Process supervision: rewards of individual tokens from a token-level reward function
     # (``token_reward`` in the recipe); ``token_rewards`` keeps the outcome on the last token.

@@ -176,8 +176,11 @@ def _build_component(cls: type, raw: Any, where: str, key: str) -> Component:
     section = key.split("[")[0]
     reg = _COMPONENT_REGISTRIES.get(section)
     if reg is not None:
-        params = check_component_params(_registered(reg, name, where, f"{key}.name"), params, where, key,
-                                        PIPELINE_ARGS[section], strict_kwargs=section == "rewards")
+        fn = _registered(reg, name, where, f"{key}.name")
+        # The batch.aux keys a component declares reading (``dataflow.declares``) reach it by name from
+        # the pipeline (the ``gae`` advantage's ``values``), so a recipe never sets them.
+        pipeline = PIPELINE_ARGS[section] | set(getattr(fn, "consumes", ()))
+        params = check_component_params(fn, params, where, key, pipeline, strict_kwargs=section == "rewards")
     return cls(name=name, params=params, **extra)
 
 
@@ -192,7 +195,7 @@ PIPELINE_ARGS = {
     "sampler": {"task", "seed"},
     "methods": set(),
     "off_policy": {"proximal_logprobs", "behaviour_logprobs", "response_mask"},
-    "loss": {"logprobs", "old_logprobs", "advantages", "response_mask"},
+    "loss": {"logprobs", "old_logprobs", "advantages", "response_mask", "group_ids"},
     "optim": {"parameters", "lr", "betas", "weight_decay"},
 }
 
@@ -205,6 +208,25 @@ def _registered(reg: registry.Registry, name: str, where: str, key: str) -> Any:
         raise ConfigError(f"{where}: {key}: {exc}") from None
 
 
+def _check_whole_groups(r: Recipe, where: str) -> None:
+    """A loss declaring ``group_ids`` normalises over whole prompt groups, so no mini- or
+    micro-batch boundary may cut a group. Batches hold groups contiguously, at most
+    prompts_per_step × G rows, and ``RolloutBatch.split`` cuts every ``size`` rows: a size that
+    is a multiple of G, or covers the (mini-)batch, keeps full groups whole. (A selection stage
+    that drops rows inside groups can still misalign them: the objective checks every
+    micro-batch at run time.)"""
+    g, rows = r.rollout.num_generations, r.train.prompts_per_step * r.rollout.num_generations
+    mini = r.train.mini_batch_size
+    need(mini == 0 or mini >= rows or mini % g == 0, where,
+         f"loss.policy '{r.loss.policy}' normalises over whole prompt groups: train.mini_batch_size must be 0 "
+         f"(the whole batch), at least the batch's {rows} rows, or a multiple of rollout.num_generations ({g}); "
+         f"got {mini}")
+    micro, span = r.train.micro_batch_size, (mini if 0 < mini < rows else rows)
+    need(micro >= span or micro % g == 0, where,
+         f"loss.policy '{r.loss.policy}' normalises over whole prompt groups: train.micro_batch_size must be at "
+         f"least the {span} rows of a mini-batch or a multiple of rollout.num_generations ({g}); got {micro}")
+
+
 def _check_semantics(r: Recipe, where: str) -> None:
     check_model(r.model, where, "model")
     loss_fn = _registered(registry.POLICY_LOSSES, r.loss.policy, where, "loss.policy")
@@ -215,6 +237,8 @@ def _check_semantics(r: Recipe, where: str) -> None:
              f"loss.{key} does not apply to loss.policy '{r.loss.policy}' (it takes: {takes})")
     # The clip widths and any further parameter are checked against the loss's own signature.
     check_component_params(loss_fn, r.loss.policy_params(), where, "loss", PIPELINE_ARGS["loss"])
+    if "group_ids" in accepted:
+        _check_whole_groups(r, where)
     optimizer = _registered(registry.OPTIMIZERS, r.optim.name, where, "optim.name")
     check_component_params(optimizer, r.optim.params, where, "optim.params", PIPELINE_ARGS["optim"])
     _registered(registry.SCHEDULES, r.optim.schedule, where, "optim.schedule")
@@ -230,6 +254,10 @@ def _check_semantics(r: Recipe, where: str) -> None:
     need(bool(names), where, "rewards: at least one reward function is required")
     source = _registered(registry.ROLLOUT_SOURCES, r.rollout.source, where, "rollout.source")
     source.check(r, lambda cond, msg: need(cond, where, msg))
+    # A component whose meaning depends on another section says so with ``check_recipe``.
+    advantage = _registered(registry.ADVANTAGES, r.advantage.name, where, "advantage.name")
+    if hasattr(advantage, "check_recipe"):
+        advantage.check_recipe(r, lambda cond, msg: need(cond, where, msg))
     from reasonrl.dataflow import check_data_flow
 
     check_data_flow(r, where)

@@ -35,8 +35,13 @@ so a value update gains nothing from moving more than c from the value the advan
 computed with. ``clip=None`` is the plain ½(v − R)². The per-token matrix is reduced with
 ``reasonrl.algos.losses.aggregate`` (the batch totals passed down, as for the policy loss).
 
-The critic that supplies ``values`` (and trains on ``returns``) is a method that owns a
-model; this module holds only the pure functions.
+The advantage ``gae``
+--------------------
+Registered with the uniform advantage signature: the critic's values arrive as ``values``
+(``batch.aux["values"]``, written by the ``critic`` method before the advantage stage) and the
+returns go to ``batch.aux["returns"]``, the critic's regression targets after the policy
+update. The critic itself (a model, its learner, its warm-up) is ``reasonrl.methods.critic``;
+this module holds only the pure functions.
 """
 
 from __future__ import annotations
@@ -44,9 +49,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import as_float, masked_mean, masked_whiten
+from typing import Annotated
 
-__all__ = ["gae_advantages_and_returns", "clipped_value_loss"]
+from reasonrl.algos.masked import as_float, masked_mean, masked_whiten
+from reasonrl.dataflow import declares
+from reasonrl.params import Range
+from reasonrl.registry import ADVANTAGES
+
+__all__ = ["VALUES_KEY", "RETURNS_KEY", "gae_advantages_and_returns", "gae", "clipped_value_loss"]
+
+VALUES_KEY = "values"  # V(s_t) per completion token, [B,T], from the critic at sampling time
+RETURNS_KEY = "returns"  # R_t = A_t + V_t (before whitening), the critic's targets
+Unit = Annotated[float, Range(ge=0, le=1, why="a discount or trace factor lies in [0, 1]")]
 
 
 def gae_advantages_and_returns(
@@ -56,30 +70,58 @@ def gae_advantages_and_returns(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = True,
+    traces: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GAE(γ, λ) advantages and returns ``R = A + V``, both ``[B, T]``, zero outside the mask,
-    detached (targets, not model outputs). See the module docstring for the recursion."""
+    detached (targets, not model outputs). See the module docstring for the recursion.
+
+    ``traces`` (per-token c_t ≥ 0, COPC's clipped and masked ratios) weights the recursion the
+    Retrace way: B_t = δ_t + γλ·c_next·B_next and A_t = c_t·B_t, i.e.
+    A_t = Σ_l (γλ)^l (Π_{j=1..l} c_{t+j}) c_t δ_{t+l}; c ≡ 1 is plain GAE, and a token with
+    c_t = 0 gets A_t = 0 and cuts the trace for the tokens before it. Whitening then runs over
+    the tokens with c_t > 0 only (the others carry no policy gradient)."""
     if not (token_rewards.shape == values.shape == response_mask.shape) or token_rewards.dim() != 2:
         raise ValueError(f"token_rewards, values and response_mask must all be [B,T]; got "
                          f"{tuple(token_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}")
+    if traces is not None and traces.shape != response_mask.shape:
+        raise ValueError(f"traces must be [B,T] like response_mask; got {tuple(traces.shape)}")
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gamma and lam must lie in [0, 1]; got gamma={gamma}, lam={lam}")
     valid = response_mask.bool()
     r = torch.where(valid, as_float(token_rewards.detach()), 0.0)
     v = torch.where(valid, as_float(values.detach()), 0.0)
+    c = torch.ones_like(r) if traces is None else torch.where(valid, as_float(traces.detach()), 0.0)
     advantages = torch.zeros_like(r)
     next_value = torch.zeros_like(r[:, 0])
-    next_adv = torch.zeros_like(r[:, 0])
+    next_b = torch.zeros_like(r[:, 0])
+    next_c = torch.zeros_like(r[:, 0])
     for t in reversed(range(r.shape[1])):  # O(T): a closed form would need γλ-powers over gaps
         step = valid[:, t]
-        adv = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_adv
-        next_adv = torch.where(step, adv, next_adv)
+        b = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_c * next_b
+        next_b = torch.where(step, b, next_b)
+        next_c = torch.where(step, c[:, t], next_c)
         next_value = torch.where(step, v[:, t], next_value)
-        advantages[:, t] = torch.where(step, adv, 0.0)
+        advantages[:, t] = torch.where(step, c[:, t] * b, 0.0)
     returns = torch.where(valid, advantages + v, 0.0)
     if whiten:
-        advantages = masked_whiten(advantages, response_mask)
+        live = valid if traces is None else valid & (c > 0)
+        advantages = masked_whiten(advantages, live)
     return advantages, returns
+
+
+@ADVANTAGES.register("gae")
+@declares(produces=(RETURNS_KEY,), consumes=(VALUES_KEY,))
+def gae(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, values: Tensor, batch=None,
+        gamma: Unit = 1.0, lam: Unit = 1.0, whiten: bool = True) -> Tensor:
+    """GAE(γ, λ) advantages over the critic's ``values`` (:func:`gae_advantages_and_returns`);
+    the returns R = A + V (before whitening) are stored as ``batch.aux["returns"]`` for the
+    critic. ``group_ids`` is unused: the baseline is the critic, not the group. Defaults γ = λ = 1
+    are verl's (``algorithm.gamma``, ``algorithm.lam``); with one reward on the last token, λ = 1
+    makes A_t = r − V_t, and λ < 1 leans on the critic's later values (less variance, more bias)."""
+    advantages, returns = gae_advantages_and_returns(token_rewards, values, response_mask, gamma, lam, whiten)
+    if batch is not None:
+        batch.aux[RETURNS_KEY] = returns
+    return advantages
 
 
 def clipped_value_loss(

@@ -27,7 +27,7 @@ from reasonrl.algos.masked import mask_count, masked_mean, masked_sum
 from reasonrl.params import Range
 from reasonrl.registry import OFF_POLICY
 
-__all__ = ["Correction", "tis", "mis", "decoupled_ppo", "behaviour_ppo", "no_correction", "offpolicy_metrics"]
+__all__ = ["Correction", "tis", "mis", "decoupled_ppo", "ratio_mask", "behaviour_ppo", "no_correction", "offpolicy_metrics"]
 
 Cap = Annotated[float, Range(ge=1, why="an importance-weight cap is a ratio bound >= 1")]
 Level = Literal["token", "sequence", "geometric"]
@@ -148,6 +148,28 @@ def decoupled_ppo(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, respons
         return _out(torch.where(over, 0.0, rho), "proximal", rho, valid, none, over)
     weights = rho if cap is None else rho.clamp(max=cap)
     return _out(weights, "proximal", rho, valid, over, none)
+
+
+@OFF_POLICY.register("ratio_mask")
+def ratio_mask(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, response_mask: Tensor, *,
+               cap: Cap = 5.0, anchor: Literal["proximal", "behaviour"] = "proximal") -> Correction:
+    """Token ratio masking: w_t = 1[1/c ≤ ρ_t ≤ c], ρ_t = π_prox/μ per token; a masked token
+    keeps no policy gradient, a kept one its plain (unweighted) loss.
+
+    Unlike :func:`mis` the kept tokens are not multiplied by ρ: the mask only removes tokens
+    whose behaviour is too far from the learner (the token rejection of verl's rollout
+    correction; IcePop's band without its ratio weight). COPC's mask (``specs/methods-a.md`` §12,
+    default c = 5), whose ``copc`` advantage reads these weights to cut its traces at the same
+    tokens. ``anchor``: the PPO ratio's π_old, the proximal policy (COPC's decoupled form) or μ.
+    ``masked`` marks the dropped tokens.
+    """
+    _check_cap(cap)
+    if anchor not in ("proximal", "behaviour"):
+        raise ValueError(f"anchor must be 'proximal' or 'behaviour', got {anchor!r}")
+    valid, lr = _log_ratio(proximal_logprobs, behaviour_logprobs, response_mask)
+    rho = _ratio(lr, valid, "token")
+    out = (rho < 1.0 / cap) | (rho > cap)
+    return _out((~out).to(torch.float32), anchor, rho, valid, torch.zeros_like(out), out)
 
 
 @OFF_POLICY.register("behaviour_ppo")

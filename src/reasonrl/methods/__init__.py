@@ -1,4 +1,5 @@
 """Components that own models or state, called through the method hooks (``methods.base``)."""
 
 from reasonrl.methods import residual_teacher  # noqa: F401  (registers "residual_teacher")
+from reasonrl.methods import critic  # noqa: F401  (registers "critic", PPO's value model)
 from reasonrl.methods.base import Method, MethodContext, build_methods  # noqa: F401

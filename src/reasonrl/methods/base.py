@@ -14,6 +14,8 @@ method; it calls these hooks, in this order, every step::
   ``batch.aux`` keys it declares in ``produces``. Returns metrics.
 - ``after_update(batch, step)``: after the policy's optimiser steps, on the same batch; may
   read the keys it declares in ``consumes`` (e.g. the advantages' verifier part). Returns metrics.
+- ``holds_policy(step)``: True skips the policy's optimiser step this step (the batch is still
+  annotated and ``after_update`` still runs): a critic warming up before the policy follows it.
 - ``metrics()``: extra metrics for the step's row.
 - ``state_dict()`` / ``load_state_dict(state)``: everything an exact resume needs (weights of
   what it trains, optimiser state, RNG streams it owns). Saved in every checkpoint.
@@ -71,6 +73,9 @@ class Method:
 
     def after_update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         return {}
+
+    def holds_policy(self, step: int) -> bool:
+        return False
 
     def metrics(self) -> dict[str, float]:
         return {}

@@ -42,6 +42,7 @@ def prepare_behaviour(batch: RolloutBatch, recipe, policy, version: int, source_
     if r.off_policy is not None:
         correction = OFF_POLICY.get(r.off_policy.name)(proximal, batch.sample_logprobs, mask, **r.off_policy.params)
         batch.is_weights = correction.weights
+        batch.behaviour_ratio = correction.ratio
         if correction.anchor == "behaviour":
             batch.old_logprobs = batch.sample_logprobs
     versions = batch.token_versions if batch.token_versions is not None else batch.policy_version

@@ -6,10 +6,16 @@ whatever the split. Statistics come back as sums (``token/<name>`` summed over
 tokens, ``loss`` over optimiser steps) and :func:`reduce_stats` turns the sums of
 a whole training step into the logged means; the policy loss names its own
 per-token statistics (``PolicyLossOutput.token_metrics``).
+
+A policy loss whose signature declares ``group_ids`` (``gmc_grpo``) receives the
+micro-batch's group ids and normalises over each group's rows; such a loss needs every
+group whole in one micro-batch, which :func:`check_whole_groups` enforces against the
+mini-batch's group sizes.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +24,8 @@ from torch import Tensor
 from reasonrl.algos.losses import aggregate
 from reasonrl.algos.masked import masked_sum
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import LossConfig
+from reasonrl.config import ConfigError, LossConfig
+from reasonrl.params import inject
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.registry import KL_ESTIMATORS, POLICY_LOSSES
 
@@ -30,6 +37,35 @@ class Totals:
     tokens: int
     seqs: int
     norm_len: int  # Dr.GRPO's constant: the generation budget
+    # Rows per group id in the mini-batch ({id: rows}) for a loss that takes group_ids, which
+    # micro_batch_loss checks each micro-batch against; None (built by hand): no check.
+    group_rows: dict[int, int] | None = None
+
+
+def takes_group_ids(loss_fn) -> bool:
+    """Whether a policy loss declares ``group_ids`` (it then sees whole groups; see module doc)."""
+    try:
+        return "group_ids" in inspect.signature(loss_fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no inspectable signature
+        return False
+
+
+def group_rows(group_ids: Tensor) -> dict[int, int]:
+    ids, counts = torch.unique(group_ids, return_counts=True)
+    return dict(zip(ids.tolist(), counts.tolist()))
+
+
+def check_whole_groups(micro: RolloutBatch, mini_rows: dict[int, int], policy: str) -> None:
+    """Raise a ConfigError when a group of the micro-batch has rows outside it (a group split
+    across micro-batches would make a group-normalising loss see part of the group)."""
+    for gid, n in group_rows(micro.group_ids).items():
+        total = mini_rows.get(gid, n)
+        if n != total:
+            raise ConfigError(
+                f"loss.policy '{policy}' normalises over whole prompt groups, but group {gid} has {n} of its "
+                f"{total} rows in this micro-batch of {len(micro)}: set train.micro_batch_size to at least the "
+                f"rows of a mini-batch ({sum(mini_rows.values())}), or to a multiple of rollout.num_generations "
+                f"when no selection stage drops rows inside groups (train.mini_batch_size likewise)")
 
 
 def loss_mask(batch: RolloutBatch, cfg: LossConfig) -> Tensor:
@@ -41,7 +77,8 @@ def loss_mask(batch: RolloutBatch, cfg: LossConfig) -> Tensor:
 
 
 def totals(mini: RolloutBatch, cfg: LossConfig, norm_len: int) -> Totals:
-    return Totals(tokens=max(1, int(loss_mask(mini, cfg).sum())), seqs=len(mini), norm_len=norm_len)
+    rows = group_rows(mini.group_ids) if takes_group_ids(POLICY_LOSSES.get(cfg.policy)) else None
+    return Totals(tokens=max(1, int(loss_mask(mini, cfg).sum())), seqs=len(mini), norm_len=norm_len, group_rows=rows)
 
 
 def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: float, share_prompt: bool,
@@ -54,11 +91,15 @@ def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: floa
 def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, totals: Totals,
                      temperature: float, share_prompt: bool) -> tuple[Tensor, dict[str, float]]:
     """Returns the loss to back-propagate and summed statistics for metrics."""
+    if totals.group_rows is not None:  # before the forward pass: fail fast
+        check_whole_groups(micro, totals.group_rows, cfg.policy)
     mask = loss_mask(micro, cfg)
     logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True)
     # With one optimisation pass over freshly sampled data, π_old = π_θ: no extra forward pass.
     old = micro.old_logprobs if micro.old_logprobs is not None else logp.detach()
-    out = POLICY_LOSSES.get(cfg.policy)(logp, old, micro.advantages, mask, **cfg.policy_params())
+    loss_fn = POLICY_LOSSES.get(cfg.policy)
+    # inject: a loss declaring group_ids gets them; every other loss is called exactly as before.
+    out = inject(loss_fn, (logp, old, micro.advantages, mask), {"group_ids": micro.group_ids}, cfg.policy_params())
     agg = dict(mode=cfg.agg, total_tokens=totals.tokens, total_seqs=totals.seqs, norm_len=totals.norm_len)
     # Off-policy correction weights (``train.behaviour``) multiply the policy term only, as verl's
     # rollout IS weights do; the KL and entropy terms are not importance-weighted.

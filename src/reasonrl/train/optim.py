@@ -15,6 +15,7 @@ explorers) go through it, so there is one copy of that loop.
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable
 
@@ -123,7 +124,11 @@ class Learner:
     def end_step(self) -> float:
         """Advance the schedule by one training step; returns the LR that step used."""
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # A step with no optimiser step (nothing to learn from, or the policy held for a critic's
+            # warm-up) still counts in the schedule; torch warns about exactly that order.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         return lr
 
     def state_dict(self) -> dict[str, Any]:

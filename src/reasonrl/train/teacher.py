@@ -35,17 +35,18 @@ from reasonrl.train.optim import Learner
 __all__ = ["Teacher", "check_shared_vocabulary", "completion_logits"]
 
 
-def check_shared_vocabulary(student_tokenizer, teacher_tokenizer) -> None:
-    """The teacher scores the student's token ids, so both must mean the same strings by them."""
+def check_shared_vocabulary(student_tokenizer, teacher_tokenizer, role: str = "teacher") -> None:
+    """The teacher (or a critic: ``role``) reads the student's token ids, so both must mean the
+    same strings by them."""
     s, t = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if s == t:
         return
     differ = sorted({tok for tok in s.keys() | t.keys() if s.get(tok) != t.get(tok)}, key=str)[:5]
     raise ValueError(
-        f"teacher and student must share one tokenizer vocabulary (the teacher scores the student's token ids): "
-        f"the student has {len(s)} tokens, the teacher {len(t)}; they differ on e.g. "
-        + ", ".join(f"{tok!r} (student id {s.get(tok)}, teacher id {t.get(tok)})" for tok in differ)
-        + ". Choose a teacher.model of the student's model family.")
+        f"{role} and student must share one tokenizer vocabulary (the {role} reads the student's token ids): "
+        f"the student has {len(s)} tokens, the {role} {len(t)}; they differ on e.g. "
+        + ", ".join(f"{tok!r} (student id {s.get(tok)}, {role} id {t.get(tok)})" for tok in differ)
+        + f". Choose a {role}.model of the student's model family.")
 
 
 def completion_logits(policy: HFPolicy, batch: RolloutBatch) -> Tensor:

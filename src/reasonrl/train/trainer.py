@@ -228,14 +228,19 @@ class Trainer:
                 metrics.update(method.annotate(batch, step))
             metrics.update(prepare_behaviour(batch, r, self.policy, self.state.policy_version, self.source.off_policy))
             self._prepare_advantages(batch, step)
-        metrics.update(self._optimise(batch, watch))
+        if any(method.holds_policy(step) for _, method in self.methods):
+            metrics["policy_held"] = 1  # e.g. a critic's warm-up: the policy waits for its baseline
+            metrics["lr"] = self.learner.end_step()
+        else:
+            metrics.update(self._optimise(batch, watch))
         with watch("methods"):
             for _, method in self.methods:
                 metrics.update(method.after_update(batch, step))
                 metrics.update(method.metrics())
         train_seconds = sum(watch.seconds[k] for k in ("forward", "backward", "optimizer"))
         tokens = float(batch.response_mask.sum())
-        metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / max(train_seconds, 1e-9)
+        if train_seconds > 0:  # not on a step whose policy update was held
+            metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / train_seconds
         metrics["train/rows"] = len(batch)
         metrics.update(watch.metrics())
         metrics["perf/step_s"] = round(time.perf_counter() - step_start, 4)
@@ -254,8 +259,10 @@ class Trainer:
             logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp, share)
             kl = KL_ESTIMATORS.get(r.loss.kl.estimator)(logp, batch.ref_logprobs)
             batch.token_rewards = apply_kl_to_rewards(batch.token_rewards, kl, mask, r.loss.kl.coef)
+        # The batch.aux keys an advantage declares reading (the critic's ``values``) reach it by name.
         batch.advantages = inject(ADVANTAGES.get(r.advantage.name), (batch.token_rewards, mask, batch.group_ids),
-                                  {"batch": batch, "step": step, "total_steps": r.train.steps}, r.advantage.params)
+                                  {**batch.aux, "batch": batch, "step": step, "total_steps": r.train.steps},
+                                  r.advantage.params)
 
     def _optimise(self, batch: RolloutBatch, watch: Stopwatch) -> dict[str, float]:
         r = self.recipe
