@@ -107,6 +107,10 @@ def test_clip_fraction_zero_when_on_policy(name):
         ("gspo", {}),
         ("gspo", {"epsilon": 0.2, "epsilon_high": 0.2}),
         ("cispo", {}),
+        ("tic_grpo", {}),
+        ("tic_grpo", {"epsilon_high": 0.5}),
+        ("gmc_grpo", {"group_ids": torch.tensor([0, 0, 0, 1, 1])}),
+        ("gmc_grpo", {"epsilon": 0.0, "group_ids": torch.tensor([0, 0, 0, 1, 1])}),
     ],
 )
 def test_padding_never_leaks(name, params):
@@ -133,6 +137,9 @@ def test_padding_never_leaks(name, params):
     for field in ("loss", "clipped", "ratio"):
         assert_close(getattr(out, field), getattr(ref, field))
         assert torch.all(getattr(out, field)[pad] == 0)
+    for key, value in out.extra.items():  # a loss's own per-token statistics (GMC's cap, scale, ESS)
+        assert_close(value, ref.extra[key])
+        assert torch.all(value[pad] == 0), key
     assert_close(grad, ref_grad)
     assert torch.all(grad[pad] == 0)
 

@@ -121,6 +121,14 @@ class RolloutConfig:
     """Sample every batch with the weights of exactly k optimiser versions ago (k/m training steps,
     m optimiser steps per step; the first steps lag less) — deterministic, in-process with ``sync``
     or in the samplers of ``async``, for experiments with off-policy corrections."""
+    simulated_partial: Annotated[int, Range(ge=0)] = 0
+    """``sync`` with ``simulated_staleness``: the stale weights sample each completion's first j
+    tokens, and the rows still running continue under the learner's current weights — a
+    deterministic partial rollout (a weight update arriving mid-generation). 0: off."""
+    prefix_check: Component | None = None
+    """With ``simulated_partial``: what happens to a running row's stale prefix at the switch
+    (``PREFIX_CHECKS``): ``keep`` (null), ``discard``, ``rollverify_sequence`` (``tau_seq``,
+    ``form``), ``rollverify_token``, ``rollverify_deterministic`` (``tau_tok``)."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """The sampler's own precision beside the learner's (e.g. a ``bfloat16`` sampler for an fp32
     learner); its behaviour log-probs are recorded, so ``off_policy`` can correct the mismatch.
@@ -151,8 +159,8 @@ class KLConfig:
 @dataclass
 class LossConfig:
     policy: str = "ppo_clip"
-    """Policy loss (``POLICY_LOSSES``): ppo_clip (PPO, clip-higher, dual-clip), gspo, cispo, or
-    your own (``"my_losses.py:my_loss"``)."""
+    """Policy loss (``POLICY_LOSSES``): ppo_clip (PPO, clip-higher, dual-clip), gspo, cispo,
+    tic_grpo, gmc_grpo (trajectory ratios), or your own (``"my_losses.py:my_loss"``)."""
     epsilon: float | None = None
     """Lower clip range (default: the loss's own default, 0.2 for ppo_clip)."""
     epsilon_high: float | None = None
