@@ -51,7 +51,13 @@ ARMS = {
     "copc": {"advantage": {"name": "copc", "gamma": 1.0, "lam": 0.95, "c_low": 0.5, "c_high": 2.0},
              "methods": [CRITIC], "off_policy": {"name": "ratio_mask", "cap": 5.0}},
 }
-ON_POLICY_ARMS = {"none", "ppo", "copc"}  # the arms that differ from each other at k = 0
+# RollVerify (recipes/rollverify.yaml): the stale weights sample each completion's first 8 of 32
+# tokens, the current ones the rest; the prefix check decides the stale prefixes at the switch.
+for _name, _check in (("partial_keep", "keep"), ("partial_discard", "discard"),
+                      ("rollverify_sequence", "rollverify_sequence"), ("rollverify_token", "rollverify_token")):
+    ARMS[_name] = {"rollout.simulated_partial": 8, "rollout.prefix_check": {"name": _check},
+                   "off_policy": {"name": "behaviour_ppo"}}
+ON_POLICY_ARMS = {"none", "ppo", "copc"}  # the arms that differ from each other at k = 0 (the partial ones need k > 0)
 
 
 def cells(ks: list[int], arms: list[str]) -> list[tuple[int, str]]:

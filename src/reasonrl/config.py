@@ -41,6 +41,7 @@ _COMPONENT_REGISTRIES = {
     "sampler": registry.PROMPT_SAMPLERS,
     "methods": registry.METHODS,
     "off_policy": registry.OFF_POLICY,
+    "rollout.prefix_check": registry.PREFIX_CHECKS,
 }
 
 
@@ -195,6 +196,8 @@ PIPELINE_ARGS = {
     "sampler": {"task", "seed"},
     "methods": set(),
     "off_policy": {"proximal_logprobs", "behaviour_logprobs", "response_mask"},
+    "rollout.prefix_check": {"current_logprobs", "behaviour_logprobs", "current_probs", "behaviour_probs",
+                             "prefix_tokens", "prefix_mask", "generator"},
     "loss": {"logprobs", "old_logprobs", "advantages", "response_mask", "group_ids"},
     "optim": {"parameters", "lr", "betas", "weight_decay"},
 }

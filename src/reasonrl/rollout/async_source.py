@@ -217,6 +217,9 @@ class AsyncSource(RolloutSource):
     def check(cls, recipe, need) -> None:
         ro = recipe.rollout
         need(ro.engine == "ray" or ro.workers == 1, "rollout.workers > 1 needs rollout.engine: ray")
+        need(ro.simulated_partial == 0 and ro.prefix_check is None,
+             "rollout.simulated_partial and rollout.prefix_check (RollVerify) run in the sync source only; the "
+             "async source's partial rollouts (rollout.partial) do not verify prefixes yet")
         need(ro.workers == 1 or recipe.sampler.name == "stream",
              f"rollout.workers > 1 splits the steps between samplers, each with its own copy of the prompt "
              f"sampler; sampler '{recipe.sampler.name}' learns from results, so it needs rollout.workers: 1")

@@ -32,6 +32,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.perf import Stopwatch
 from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.collect import CollectStats, collect
+from reasonrl.rollout.partial import PartialRollout, check_partial
 
 __all__ = ["SourceContext", "RolloutSource", "SyncSource", "optimizer_steps_per_step", "check_simulated_staleness"]
 
@@ -112,6 +113,10 @@ class SyncSource(RolloutSource):
       sampled. Deterministic, unlike real asynchrony: the test bed of the off-policy
       corrections, and the same rule as the async source's simulated mode.
     - ``rollout.dtype``: a sampler in another precision (a bf16 copy beside an fp32 learner).
+
+    With ``rollout.simulated_partial: j`` (and staleness) the stale weights sample only each
+    completion's first j tokens; the rows still running continue under the learner's weights,
+    after ``rollout.prefix_check`` decided their prefixes (``rollout.partial``).
     """
 
     def __init__(self, ctx: SourceContext) -> None:
@@ -126,6 +131,7 @@ class SyncSource(RolloutSource):
         self.loaded: int | None = 0  # the published step whose weights are in ``self.behaviour``
         if self.k_steps:
             self.snapshots[0] = (0, ctx.policy.weights())
+        self.partial = PartialRollout(self.behaviour, ctx.policy, r) if r.rollout.simulated_partial else None
 
     @classmethod
     def check(cls, recipe, need) -> None:
@@ -135,6 +141,7 @@ class SyncSource(RolloutSource):
         need(ro.max_staleness == 0, "rollout.max_staleness bounds an asynchronous sampler: it needs "
                                     "rollout.source: async (for a deterministic lag use rollout.simulated_staleness)")
         check_simulated_staleness(recipe, need)
+        check_partial(recipe, need)
 
     def _sampling_step(self, step: int) -> int:
         usable = [p for p in self.snapshots if p <= max(0, step - self.k_steps)]
@@ -149,8 +156,12 @@ class SyncSource(RolloutSource):
                 self.behaviour.set_weights(weights)
                 self.loaded = chosen
         c = self.ctx
-        return collect(self.behaviour, c.scorer, c.task, self.recipe, step, c.generator, sampled_version,
+        sampler = self.partial.at(sampled_version, version) if self.partial else self.behaviour
+        return collect(sampler, c.scorer, c.task, self.recipe, step, c.generator, sampled_version,
                        watch, c.sampler)
+
+    def metrics(self) -> dict[str, float]:
+        return self.partial.metrics() if self.partial else {}
 
     def publish(self, policy, version, step) -> None:
         if not self.off_policy:

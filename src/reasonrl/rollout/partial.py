@@ -1,0 +1,288 @@
+"""Simulated partial rollouts (``rollout.simulated_partial: j``) and the prefix checks (``PREFIX_CHECKS``).
+
+A deterministic stand-in for a weight update arriving mid-generation (the async source's
+partial rollouts, made reproducible): with ``rollout.simulated_staleness: k`` each completion's
+first j tokens are sampled by the stale snapshot μ, and every row still running after j tokens
+continues under the learner's current weights π. Rows that ended within j tokens stay as
+sampled (fully stale). At the switch, a ``rollout.prefix_check`` decides each running row's
+stale prefix (RolloutVerify, specs/methods-a.md §9, INFERRED; math in ``reasonrl.algos.rollverify``):
+
+- ``keep``: continue from the whole prefix; its tokens keep μ's log-probs and version;
+- ``discard``: regenerate every running row from its prompt under π;
+- ``rollverify_sequence``: discard a prefix whose OPS > τ_seq, keep the rest;
+- ``rollverify_token``: speculative acceptance min(1, π/μ), cut at the first rejection t* and
+  draw y_{t*} from norm(max(0, π − μ)); the resumed rollout is then distributed as π;
+- ``rollverify_deterministic``: cut at the first |d_t| > τ_tok (π resamples the cut token).
+
+Prefixes kept by a ``rollverify_*`` check are treated as on-policy (the spec's ρ ≈ 1): their
+``sample_logprobs`` become π's and their ``token_versions`` the current version. All
+distributions are the temperature-scaled ones the sampler draws from; every random draw uses
+the recipe's generator, so a resumed run samples what the straight run sampled.
+
+A check is ``fn(<pipeline args it names>, **params) -> PrefixDecision``; the pipeline args are
+``current_logprobs``/``behaviour_logprobs`` [R,j] (π from a no-grad forward, μ as sampled),
+``current_probs``/``behaviour_probs`` [R,j,V] (both from forwards; computed only if named),
+``prefix_tokens``, ``prefix_mask`` [R,j] and ``generator``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Annotated, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from reasonrl.algos.rollverify import (TAU_SEQ, TAU_TOK, ops, speculative_verify, truncate_deterministic,
+                                       verification_metrics, verify_sequences)
+from reasonrl.params import Range
+from reasonrl.policy.sampling import Samples, cut_at_stop, sample_completions
+from reasonrl.registry import PREFIX_CHECKS
+
+__all__ = ["PrefixDecision", "PartialRollout", "check_partial", "keep", "discard", "rollverify_sequence",
+           "rollverify_token", "rollverify_deterministic"]
+
+PIPELINE = ("current_logprobs", "behaviour_logprobs", "current_probs", "behaviour_probs", "prefix_tokens",
+            "prefix_mask", "generator")
+
+
+@dataclass
+class PrefixDecision:
+    """What a prefix check decides per running row: keep ``kept`` [R] of its stale tokens,
+    then (``replacement`` [R], −1 for none) one token drawn by the check; ``on_policy``: the
+    kept tokens count as sampled by π; ``sequence_keep`` [R] (metrics): the prefix passed."""
+
+    kept: Tensor
+    replacement: Optional[Tensor] = None
+    on_policy: bool = False
+    sequence_keep: Optional[Tensor] = None
+
+
+@PREFIX_CHECKS.register("keep")
+def keep(prefix_mask: Tensor) -> PrefixDecision:
+    """Continue under π from the whole stale prefix (μ's log-probs and version stay)."""
+    return PrefixDecision(kept=prefix_mask.long().sum(-1))
+
+
+@PREFIX_CHECKS.register("discard")
+def discard(prefix_mask: Tensor) -> PrefixDecision:
+    """Drop every stale prefix and regenerate from the prompt under π (costs the prefix)."""
+    none = torch.zeros(prefix_mask.shape[0], dtype=torch.long, device=prefix_mask.device)
+    return PrefixDecision(kept=none, sequence_keep=none.bool())
+
+
+@PREFIX_CHECKS.register("rollverify_sequence")
+def rollverify_sequence(current_logprobs: Tensor, behaviour_logprobs: Tensor, prefix_mask: Tensor,
+                        tau_seq: Annotated[float, Range(ge=0)] = TAU_SEQ,
+                        form: Literal["mean_abs", "k3", "max_abs"] = "mean_abs") -> PrefixDecision:
+    """Keep a prefix whole if its OPS (``form``) ≤ τ_seq, else regenerate it from the prompt."""
+    ok = verify_sequences(ops(current_logprobs, behaviour_logprobs, prefix_mask)[form], tau_seq)
+    return PrefixDecision(kept=torch.where(ok, prefix_mask.long().sum(-1), 0), on_policy=True, sequence_keep=ok)
+
+
+@PREFIX_CHECKS.register("rollverify_token")
+def rollverify_token(current_probs: Tensor, behaviour_probs: Tensor, prefix_tokens: Tensor, prefix_mask: Tensor,
+                     generator: Optional[torch.Generator] = None) -> PrefixDecision:
+    """Speculative acceptance token by token; at the first rejection t* the token is drawn from
+    the residual norm(max(0, π − μ)), so the resumed rollout is distributed exactly as π."""
+    kept, replacement = speculative_verify(current_probs, behaviour_probs, prefix_tokens, prefix_mask, generator)
+    return PrefixDecision(kept=kept, replacement=replacement, on_policy=True)
+
+
+@PREFIX_CHECKS.register("rollverify_deterministic")
+def rollverify_deterministic(current_logprobs: Tensor, behaviour_logprobs: Tensor, prefix_mask: Tensor,
+                             tau_tok: Annotated[float, Range(ge=0)] = TAU_TOK) -> PrefixDecision:
+    """Cut at the first |d_t| > τ_tok; π's continuation resamples the token at the cut."""
+    return PrefixDecision(kept=truncate_deterministic(current_logprobs, behaviour_logprobs, prefix_mask, tau_tok),
+                          on_policy=True)
+
+
+# A check comparing the two sampling distributions has none to compare under greedy decoding.
+for _fn in (rollverify_sequence, rollverify_token, rollverify_deterministic):
+    _fn.compares_policies = True
+
+
+def check_partial(recipe, need) -> None:
+    """The recipe rules of ``rollout.simulated_partial`` / ``rollout.prefix_check`` (sync source)."""
+    ro = recipe.rollout
+    if not ro.simulated_partial:
+        need(ro.prefix_check is None, "rollout.prefix_check decides stale prefixes at the switch of "
+                                      "rollout.simulated_partial; set rollout.simulated_partial > 0 or drop it")
+        return
+    need(ro.simulated_staleness > 0, "rollout.simulated_partial needs rollout.simulated_staleness > 0 (the first "
+                                     "tokens come from the stale weights, the rest from the current ones)")
+    need(ro.simulated_partial < ro.max_new_tokens,
+         f"rollout.simulated_partial={ro.simulated_partial} must be below rollout.max_new_tokens="
+         f"{ro.max_new_tokens}, or no token is left to sample with the current weights")
+    name = ro.prefix_check.name if ro.prefix_check is not None else "keep"
+    need(ro.temperature > 0 or not getattr(PREFIX_CHECKS.get(name), "compares_policies", False),
+         f"rollout.prefix_check '{name}' compares the stale and current sampling distributions; greedy "
+         "decoding (rollout.temperature: 0) has none: use keep or discard, or a temperature > 0")
+
+
+@torch.no_grad()
+def _logits(policy, prompt_ids: Tensor, prompt_mask: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """Log-softmax [R,j,V] (float32) of the distributions ``policy`` samples tokens from,
+    temperature-scaled as in ``sample_completions``, at every prefix position."""
+    was = policy.model.training
+    policy.model.eval()
+    try:
+        logits = policy.completion_logits(prompt_ids, prompt_mask, tokens, torch.ones_like(tokens)).float()
+    finally:
+        policy.model.train(was)
+    return F.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+
+
+def _left_pad(rows: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=rows[0].device)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids, mask
+
+
+def _stop_cut(tokenizer, tokens: Tensor, stop: list[str]) -> Optional[int]:
+    """The length at which the sampler would have ended a completion: its first token at which
+    the text so far contains a stop string (one may span the stale prefix and π's tokens)."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if cut_at_stop(text, stop) == text:
+        return None
+    return next(n for n in range(1, len(tokens) + 1)
+                if any(s in tokenizer.decode(tokens[:n], skip_special_tokens=True) for s in stop))
+
+
+class PartialRollout:
+    """A sampler ``collect`` can call like a policy (``sample``, ``tokenizer``): μ (``behaviour``)
+    samples the first j tokens, the prefix check runs, π (``learner``) continues. ``at(stale,
+    current)`` sets the versions of the next batch; ``metrics()`` returns (and resets) what the
+    switches of the batches since the last call measured; ``last`` is the latest switch's record."""
+
+    def __init__(self, behaviour, learner, recipe) -> None:
+        self.behaviour, self.learner, self.tokenizer = behaviour, learner, behaviour.tokenizer
+        self.j = recipe.rollout.simulated_partial
+        spec = recipe.rollout.prefix_check
+        self.check = PREFIX_CHECKS.get(spec.name if spec is not None else "keep")
+        self.params = dict(spec.params) if spec is not None else {}
+        self.wants = set(inspect.signature(self.check).parameters) & set(PIPELINE)
+        self.versions = (0, 0)
+        self.last: dict | None = None
+        self._records: list[dict] = []
+
+    def at(self, stale_version: int, current_version: int) -> "PartialRollout":
+        self.versions = (stale_version, current_version)
+        return self
+
+    def sample(self, prompts, num_generations, max_new_tokens, temperature=1.0, generator=None, stop=None,
+               **_) -> Samples:
+        stale_v, cur_v = self.versions
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        first = self.behaviour.sample(prompts, num_generations, self.j, temperature, generator=generator, stop=stop)
+        n = len(first.truncated)
+        running = torch.nonzero(first.truncated).squeeze(-1)  # still running after j tokens
+        dev, lengths = first.completion_ids.device, first.completion_mask.sum(-1).tolist()
+        # Per row: [tokens, behaviour log-probs, versions], each [length].
+        rows = [[first.completion_ids[i, :m], first.sample_logprobs[i, :m],
+                 torch.full((m,), stale_v, dtype=torch.long, device=dev)] for i, m in enumerate(lengths)]
+        truncated, texts = first.truncated.clone(), list(first.texts)
+        record = {"rows": n, "running": running.cpu(), "j": self.j, "kept": torch.zeros(0, dtype=torch.long),
+                  "replacement": None, "sequence_keep": None, "ops": torch.zeros(0)}
+        if len(running):
+            self._switch(first, running, rows, truncated, texts, record, max_new_tokens, temperature, generator,
+                         stop, cur_v, pad, eos)
+        self.last = record
+        self._records.append(record)
+        width = max(1, max(len(r[0]) for r in rows))
+        ids = torch.full((n, width), pad, dtype=torch.long, device=dev)
+        logps, versions, mask = torch.zeros(n, width, device=dev), torch.zeros_like(ids), torch.zeros_like(ids)
+        for i, (t, lp, v) in enumerate(rows):
+            ids[i, :len(t)], logps[i, :len(t)], versions[i, :len(t)], mask[i, :len(t)] = t, lp, v, 1
+        return Samples(prompt_ids=first.prompt_ids, prompt_mask=first.prompt_mask, completion_ids=ids,
+                       completion_mask=mask, sample_logprobs=logps, truncated=truncated, texts=texts,
+                       token_versions=versions)
+
+    def _switch(self, first, running, rows, truncated, texts, record, max_new_tokens, temperature, generator,
+                stop, cur_v, pad, eos) -> None:
+        """Check the running rows' stale prefixes, then continue them under π (in place)."""
+        p_ids, p_mask = first.prompt_ids[running], first.prompt_mask[running]
+        prefix = first.completion_ids[running, :self.j]
+        prefix_mask = torch.ones_like(prefix)
+        mu_lp = first.sample_logprobs[running, :self.j]
+        pi_all = _logits(self.learner, p_ids, p_mask, prefix, temperature)
+        pi_lp = pi_all.gather(-1, prefix.unsqueeze(-1)).squeeze(-1)
+        given = {"current_logprobs": lambda: pi_lp, "behaviour_logprobs": lambda: mu_lp,
+                 "current_probs": lambda: pi_all.exp(),
+                 "behaviour_probs": lambda: _logits(self.behaviour, p_ids, p_mask, prefix, temperature).exp(),
+                 "prefix_tokens": lambda: prefix, "prefix_mask": lambda: prefix_mask, "generator": lambda: generator}
+        decision = self.check(**{k: given[k]() for k in self.wants}, **self.params)
+        kept = decision.kept.long().clamp(0, self.j)
+        repl = decision.replacement if decision.replacement is not None else torch.full_like(kept, -1)
+        seq = decision.sequence_keep
+        record.update(kept=kept.cpu(), replacement=repl.cpu(), sequence_keep=None if seq is None else seq.cpu(),
+                      ops=ops(pi_lp, mu_lp, prefix_mask)["mean_abs"].cpu())
+        heads, budgets, go = [], [], []
+        for r, i in enumerate(running.tolist()):
+            k, y = int(kept[r]), int(repl[r])
+            lp, v = (pi_lp[r, :k], torch.full_like(prefix[r, :k], cur_v)) if decision.on_policy \
+                else (mu_lp[r, :k], rows[i][2][:k])
+            t = prefix[r, :k]
+            if y >= 0:
+                if k >= self.j:
+                    raise ValueError(f"prefix check '{self.check.__name__}' drew a replacement for a prefix it "
+                                     "kept whole; a replacement replaces the token at the cut (kept < j)")
+                # The token at t* is μ's accepted draw or the residual's: marginally π's law, so its
+                # behaviour log-prob is log π(y), not the residual's.
+                t, lp, v = torch.cat([t, t.new_tensor([y])]), torch.cat([lp, pi_all[r, k, y:y + 1]]), \
+                    torch.cat([v, v.new_tensor([cur_v])])
+            rows[i] = [t, lp, v]
+            truncated[i] = False
+            if y == eos:
+                continue  # the drawn token ends the row
+            heads.append(torch.cat([p_ids[r][p_mask[r].bool()], t]))
+            budgets.append(max_new_tokens - len(t))
+            go.append(i)
+        if go:
+            ids, mask = _left_pad(heads, pad)
+            was = self.learner.model.training
+            self.learner.model.eval()
+            try:
+                cont = sample_completions(self.learner.model, self.tokenizer, ids, mask, 1, max(budgets),
+                                          temperature, generator, stop, decoder=self.learner.decoder)
+            finally:
+                self.learner.model.train(was)
+            for c, (i, b) in enumerate(zip(go, budgets)):
+                length = int(cont.completion_mask[c].sum())
+                take = min(length, b)
+                t, lp, v = rows[i]
+                rows[i] = [torch.cat([t, cont.completion_ids[c, :take]]), torch.cat([lp, cont.sample_logprobs[c, :take]]),
+                           torch.cat([v, torch.full_like(cont.completion_ids[c, :take], cur_v)])]
+                truncated[i] = length > b or bool(cont.truncated[c])  # cut at its own budget, or ran out
+        for i in running.tolist():
+            cut = _stop_cut(self.tokenizer, rows[i][0], stop) if stop else None
+            if cut is not None:
+                rows[i] = [x[:cut] for x in rows[i]]
+                truncated[i] = False
+            text = self.tokenizer.decode(rows[i][0], skip_special_tokens=True)
+            texts[i] = cut_at_stop(text, stop) if stop else text
+
+    def metrics(self) -> dict[str, float]:
+        records, self._records = self._records, []
+        if not records:
+            return {}
+        j = torch.cat([torch.full((len(r["running"]),), r["j"]) for r in records])
+        kept = torch.cat([r["kept"] for r in records])
+        seq = None
+        if any(r["sequence_keep"] is not None for r in records):
+            seq = torch.cat([r["sequence_keep"].bool() if r["sequence_keep"] is not None
+                             else torch.ones(len(r["kept"]), dtype=torch.bool) for r in records])
+        out = verification_metrics(j, kept, seq)
+        shift = torch.cat([r["ops"] for r in records])
+        out.update({
+            "partial/running_fraction": len(j) / max(1, sum(r["rows"] for r in records)),
+            "partial/prefix_tokens": float(j.sum()),
+            "partial/regenerated_tokens": float((j - kept).sum()),
+            "partial/ops_mean_abs": float(shift.mean()) if len(shift) else 0.0,
+        })
+        return out
