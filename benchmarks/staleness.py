@@ -51,6 +51,16 @@ ARMS = {
     "copc": {"advantage": {"name": "copc", "gamma": 1.0, "lam": 0.95, "c_low": 0.5, "c_high": 2.0},
              "methods": [CRITIC], "off_policy": {"name": "ratio_mask", "cap": 5.0}},
 }
+# COPC's joint sweep: the mask's band c_mask (off_policy cap) × the trace clip's upper bound.
+# With c_high > 1 the product of traces Π c_{t+j} can grow like c_high^L along a completion.
+for _mask in (2.0, 5.0):
+    for _high in (1.0, 2.0):
+        if (_mask, _high) != (5.0, 2.0):  # the spec's defaults are the "copc" arm
+            ARMS[f"copc_m{_mask:g}_h{_high:g}"] = {
+                **ARMS["copc"], "advantage": {**ARMS["copc"]["advantage"], "c_high": _high},
+                "off_policy": {"name": "ratio_mask", "cap": _mask}}
+# COPC with the PPO ratio taken against μ (its non-decoupled form), as the ppo arm's.
+ARMS["copc_behaviour"] = {**ARMS["copc"], "off_policy": {"name": "ratio_mask", "cap": 5.0, "anchor": "behaviour"}}
 # RollVerify (recipes/rollverify.yaml): the stale weights sample each completion's first 8 of 32
 # tokens, the current ones the rest; the prefix check decides the stale prefixes at the switch.
 for _name, _check in (("partial_keep", "keep"), ("partial_discard", "discard"),
