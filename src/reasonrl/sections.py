@@ -14,6 +14,10 @@ from typing import Annotated, Any, Literal
 from reasonrl.params import ConfigError, Range
 from reasonrl.registry import closest_match_hint
 
+# The loss aggregation modes (verl ``loss_agg_mode`` names); ``reasonrl.algos.losses.aggregate``
+# implements them and the critic's value loss takes the same choice.
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
 @dataclass
 class LoraConfig:
     """LoRA adapters through PEFT (Hu et al. 2021): only the adapters train."""
@@ -167,7 +171,7 @@ class LossConfig:
     """Upper clip range (clip-higher, DAPO); defaults to ``epsilon``."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages (verl ``clip_ratio_c``)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    agg: AggMode = "token-mean"
     """How per-token losses become one number (verl ``loss_agg_mode``)."""
     kl: KLConfig = field(default_factory=KLConfig)
     entropy_coef: float = 0.0

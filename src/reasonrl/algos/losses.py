@@ -15,6 +15,7 @@ arithmetic, so NaN/inf there reaches neither the loss nor its gradient.
 from __future__ import annotations
 
 import difflib
+import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Optional
 
@@ -24,6 +25,7 @@ from torch import Tensor
 from reasonrl.algos.masked import as_float, mask_count, masked_mean
 from reasonrl.params import Range
 from reasonrl.registry import POLICY_LOSSES
+from reasonrl.sections import AggMode
 
 Width = Annotated[float, Range(ge=0, why='a clip width is an offset from 1')]
 
@@ -201,7 +203,7 @@ def cispo_loss(
 
 # --------------------------------------------------------------------------- aggregation
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGG_MODES = typing.get_args(AggMode)
 
 
 def aggregate(

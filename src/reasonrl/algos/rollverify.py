@@ -31,6 +31,7 @@ from torch import Tensor
 from reasonrl.algos.kl import kl_k3
 from reasonrl.algos.losses import LOG_RATIO_CLAMP
 from reasonrl.algos.masked import as_float, masked_mean
+from reasonrl.algos.offpolicy import _log_ratio as offpolicy_log_ratio
 
 __all__ = ["TAU_SEQ", "TAU_TOK", "ops", "verify_sequences", "accept_tokens", "accept_tokens_random",
            "truncate_deterministic", "residual_distribution", "sample_residual", "speculative_verify",
@@ -54,9 +55,7 @@ def _prefix(mask: Tensor, *others: Tensor) -> Tensor:
 
 def _log_ratio(current: Tensor, behaviour: Tensor, valid: Tensor) -> Tensor:
     """d_t = clamp(log π − log μ, ±20) on the prefix, 0 elsewhere (float32, detached)."""
-    cur = torch.where(valid, current.detach().to(torch.float32), 0.0)
-    beh = torch.where(valid, behaviour.detach().to(torch.float32), 0.0)
-    return (cur - beh).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return offpolicy_log_ratio(current, behaviour, valid)[1].clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def _first_false(ok: Tensor, valid: Tensor) -> Tensor:

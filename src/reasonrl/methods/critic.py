@@ -27,21 +27,20 @@ straight one. Metrics: ``critic/value_loss``, ``critic/clip_fraction``, ``critic
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 import torch
 
 from reasonrl.algos.critic import RETURNS_KEY, VALUES_KEY, clipped_value_loss
 from reasonrl.algos.losses import aggregate
-from reasonrl.algos.masked import masked_mean
+from reasonrl.algos.masked import masked_mean, masked_var
 from reasonrl.batch import RolloutBatch
 from reasonrl.methods.base import Method, MethodContext
 from reasonrl.params import Range
 from reasonrl.registry import METHODS
+from reasonrl.sections import AggMode
 
 __all__ = ["Critic"]
-
-Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
 @METHODS.register("critic")
@@ -57,7 +56,7 @@ class Critic(Method):
                  warmup_steps: Annotated[int, Range(ge=0)] = 0,
                  epochs: Annotated[int, Range(ge=1)] = 1,
                  clip: Optional[Annotated[float, Range(gt=0, why="the value clip range")]] = 0.5,
-                 agg: Agg = "token-mean",
+                 agg: AggMode = "token-mean",
                  max_grad_norm: Annotated[float, Range(gt=0)] = 1.0,
                  weight_decay: Annotated[float, Range(ge=0)] = 0.0,
                  micro_batch_size: Optional[Annotated[int, Range(ge=1)]] = None) -> None:
@@ -107,8 +106,8 @@ class Critic(Method):
         mask = batch.response_mask
         total_tokens = max(1.0, float(mask.sum()))
         returns, old = batch.aux[RETURNS_KEY], batch.aux[VALUES_KEY]
-        residual_var = masked_mean((returns - old).square(), mask) - masked_mean(returns - old, mask).square()
-        return_var = masked_mean(returns.square(), mask) - masked_mean(returns, mask).square()
+        residual_var = masked_var(returns - old, mask, unbiased=False)
+        return_var = masked_var(returns, mask, unbiased=False)
         metrics = {"critic/return_mean": float(masked_mean(returns, mask)),
                    "critic/explained_variance": float(1.0 - residual_var / return_var) if return_var > 1e-12 else 0.0}
 
