@@ -12,6 +12,9 @@ on-policy run (k = 0).
 
 ``rollout.simulated_staleness: k`` samples every batch with the weights of exactly k
 optimiser versions ago (deterministic, so differences are the corrections', not timing's).
+The ``async_*`` arms instead run the async source at ``rollout.max_staleness: k`` with real
+partial rollouts (RollVerify's prefix checks on them): timing decides the lag, so their cells
+are not reproducible number for number, and they need the machine to themselves.
 "Uncorrected" is ``off_policy: {name: none}``: the update of no correction, with every
 ``offpolicy/*`` metric logged. At k = 0 every correction's weights are 1, so only the
 uncorrected run is trained there. Runs that finished are skipped, so the script can be
@@ -67,6 +70,15 @@ for _name, _check in (("partial_keep", "keep"), ("partial_discard", "discard"),
                       ("rollverify_sequence", "rollverify_sequence"), ("rollverify_token", "rollverify_token")):
     ARMS[_name] = {"rollout.simulated_partial": 8, "rollout.prefix_check": {"name": _check},
                    "off_policy": {"name": "behaviour_ppo"}}
+# Real partial rollouts (recipes/rollverify_async.yaml): the async source with rollout.max_staleness
+# = k instead of the simulated lag, weights arriving mid-generation wherever timing puts them.
+# "async_partial" continues from the stale prefix and KV cache (no check); "async_whole" waits for
+# a batch's end to take new weights (rollout.partial: false); the others check the prefixes.
+ARMS["async_whole"] = {"rollout.source": "async", "rollout.partial": False, "off_policy": {"name": "behaviour_ppo"}}
+ARMS["async_partial"] = {"rollout.source": "async", "rollout.partial": True, "off_policy": {"name": "behaviour_ppo"}}
+for _check in ("keep", "discard", "rollverify_token"):
+    ARMS[f"async_{_check}"] = {**ARMS["async_partial"], "rollout.prefix_check": {"name": _check}}
+ASYNC_ARMS = {a for a in ARMS if a.startswith("async_")}
 ON_POLICY_ARMS = {"none", "ppo", "copc"}  # the arms that differ from each other at k = 0 (the partial ones need k > 0)
 
 
@@ -88,7 +100,8 @@ def run(out: Path, k: int, arm: str, seed: int, steps: int | None, extra: list[s
         import shutil
 
         shutil.rmtree(run_dir)
-    sets = [f"train.seed={seed}", f"rollout.simulated_staleness={k}", "log.progress=false"]
+    lag = f"rollout.max_staleness={k}" if arm in ASYNC_ARMS else f"rollout.simulated_staleness={k}"
+    sets = [f"train.seed={seed}", lag, "log.progress=false"]
     sets += [f"{key}={json.dumps(value)}" for key, value in ARMS[arm].items()] + list(extra)
     if steps:
         sets += [f"train.steps={steps}", f"eval.every={max(steps // 4, 1)}"]

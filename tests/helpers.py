@@ -65,3 +65,23 @@ def crash_at_step(monkeypatch, step: int):
             yield
     finally:
         monkeypatch.setattr(Trainer, "train_step", original)
+
+
+class FakeInbox:
+    """A sampler's inbox (``SamplerWorker.loop``) that delivers ``weights()`` as version 7,
+    published after step 1, on its ``at_call``-th non-blocking read (a weight update
+    mid-generation), and then only ``("stop",)`` to a blocking one."""
+
+    def __init__(self, weights, at_call: int):
+        self.weights, self.at_call, self.calls = weights, at_call, 0
+
+    def get_nowait(self):
+        import queue
+
+        self.calls += 1
+        if self.calls == self.at_call:
+            return ("weights", 7, 1, self.weights())
+        raise queue.Empty
+
+    def get(self, timeout=None):
+        return ("stop",)

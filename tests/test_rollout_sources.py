@@ -16,7 +16,7 @@ from reasonrl.config import ConfigError
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import mini_recipe
+from helpers import FakeInbox, mini_recipe
 
 QUIET = {"log": lambda m: None}
 
@@ -120,23 +120,6 @@ def test_a_killed_sampler_is_reported_and_replaced_without_losing_or_repeating_a
     assert sorted(per_step(rows, "reward/mean")) == [1, 2, 3, 4, 5]
 
 
-class _FakeInbox:
-    """Delivers new weights on the n-th non-blocking read: a weight update mid-generation."""
-
-    def __init__(self, policy, at_call: int):
-        self.policy, self.at_call, self.calls = policy, at_call, 0
-
-    def get_nowait(self):
-        self.calls += 1
-        if self.calls == self.at_call:
-            perturbed = {k: v + 0.05 * torch.randn_like(v) for k, v in self.policy.weights().items()}
-            return ("weights", 7, 1, perturbed)
-        raise queue.Empty
-
-    def get(self, timeout=None):
-        return ("stop",)
-
-
 def test_partial_rollouts_record_each_tokens_version(tmp_path):
     from reasonrl.rollout.async_source import SamplerWorker
 
@@ -145,7 +128,9 @@ def test_partial_rollouts_record_each_tokens_version(tmp_path):
     worker = SamplerWorker(recipe, {"step": 0, "generator": gen.get_state(), "sampler": {}})
     worker._handle(("weights", 6, 0, worker.policy.weights()))
     out = queue.Queue()
-    worker.loop(_FakeInbox(worker.policy, at_call=5), out)
+    policy = worker.policy
+    worker.loop(FakeInbox(lambda: {k: v + 0.05 * torch.randn_like(v) for k, v in policy.weights().items()}, at_call=5),
+                out)
     _, step, batch, _, _, _, after = out.get_nowait()
     mask = batch.completion_mask.bool()
     versions = batch.token_versions[mask]

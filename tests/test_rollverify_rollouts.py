@@ -238,7 +238,13 @@ BAD = [
     ({"simulated_staleness": 1, "simulated_partial": 4, "temperature": 0.0, "prefix_check": {"name": "rollverify_token"}},
      "greedy"),
     ({"source": "async", "simulated_staleness": 1, "simulated_partial": 4},
-     "run in the sync source only"),
+     "simulates partial rollouts in the sync source"),
+    ({"source": "async", "max_staleness": 1, "partial": False, "prefix_check": {"name": "rollverify_token"}},
+     "set rollout.partial: true"),
+    ({"source": "async", "simulated_staleness": 1, "prefix_check": {"name": "rollverify_token"}},
+     "needs weights arriving mid-generation"),
+    ({"source": "async", "max_staleness": 1, "temperature": 0.0, "prefix_check": {"name": "rollverify_token"}},
+     "greedy"),
 ]
 
 

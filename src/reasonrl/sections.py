@@ -130,9 +130,12 @@ class RolloutConfig:
     tokens, and the rows still running continue under the learner's current weights — a
     deterministic partial rollout (a weight update arriving mid-generation). 0: off."""
     prefix_check: Component | None = None
-    """With ``simulated_partial``: what happens to a running row's stale prefix at the switch
-    (``PREFIX_CHECKS``): ``keep`` (null), ``discard``, ``rollverify_sequence`` (``tau_seq``,
-    ``form``), ``rollverify_token``, ``rollverify_deterministic`` (``tau_tok``)."""
+    """What happens to a running row's stale prefix when weights switch mid-generation
+    (``PREFIX_CHECKS``; RollVerify): ``keep`` (null), ``discard``, ``rollverify_sequence``
+    (``tau_seq``, ``form``), ``rollverify_token``, ``rollverify_deterministic`` (``tau_tok``).
+    At the switch of ``simulated_partial`` (``sync``), or of real partial rollouts (``async`` with
+    ``partial: true``: newer weights interrupt the generation, the check runs, the kept rows
+    continue from a fresh prefill under the new weights)."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """The sampler's own precision beside the learner's (e.g. a ``bfloat16`` sampler for an fp32
     learner); its behaviour log-probs are recorded, so ``off_policy`` can correct the mismatch.

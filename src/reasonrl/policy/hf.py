@@ -77,6 +77,7 @@ class HFPolicy:
         stop: list[str] | None = None,
         refresh: Callable[[], int] | None = None,
         compact: bool = True,
+        interrupt: Callable[[], bool] | None = None,
     ) -> Samples:
         """Sample ``num_generations`` completions per prompt (temperature 0 = greedy).
 
@@ -93,6 +94,10 @@ class HFPolicy:
         in-flight updates do): a token sampled after an update sees the earlier positions
         through keys/values of the weights that were loaded when those positions were fed.
 
+        ``interrupt`` (partial rollouts whose prefixes are checked): called at the same points
+        after the prefill; when it returns True sampling stops there, and ``Samples.running``
+        marks the rows it left running (their tokens so far, marked truncated).
+
         ``compact``: rows that have ended leave the decode batch (their KV cache, mask and
         positions are dropped). It changes nothing that is sampled, only what it costs.
 
@@ -106,7 +111,7 @@ class HFPolicy:
         try:
             return sample_completions(self.model, self.tokenizer, ids, mask, num_generations, max_new_tokens,
                                       temperature, generator, stop, refresh=refresh, compact=compact,
-                                      decoder=self.decoder)
+                                      decoder=self.decoder, interrupt=interrupt)
         finally:
             self.model.train(was_training)
 

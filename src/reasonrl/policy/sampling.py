@@ -12,6 +12,10 @@ forward per new token over the rows still running, through a decoder
 * **Partial rollouts.** A ``refresh`` callback, called before the prefill and before every
   decode forward, may load newer weights in place (PipelineRL-style in-flight updates) and
   returns the version now loaded; each token records the version whose logits sampled it.
+  An ``interrupt`` callback, called at the same points after the prefill, instead ends the
+  loop when it returns True (newer weights are waiting and the caller checks the prefixes
+  before continuing: ``reasonrl.rollout.partial``); ``Samples.running`` names the rows it left
+  running.
 * **The draw.** ``multinomial`` is ``torch.multinomial`` (exponential noise over the whole
   ``[n, V]`` matrix: ~11 ms a step for SmolLM2's 49k vocabulary at n = 8 on this CPU);
   ``inverse_cdf`` draws one uniform per row and finds it in the row's cumulative
@@ -44,6 +48,8 @@ class Samples:
     # [N, T] long: the policy version whose logits sampled each token (0 outside the completion
     # mask); None when sampling had no ``refresh`` callback.
     token_versions: Tensor | None = None
+    # [N] bool: the rows an ``interrupt`` left running (marked truncated; None: not interrupted).
+    running: Tensor | None = None
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:
@@ -69,10 +75,12 @@ def sample_completions(
     refresh: Callable[[], int] | None = None,
     compact: bool = True,
     decoder: str = "hf",
+    interrupt: Callable[[], bool] | None = None,
 ) -> Samples:
     """Sample ``num_generations`` completions for each prompt row of ``ids``/``mask`` (left-padded).
 
-    See ``HFPolicy.sample`` for the ending rules, ``refresh``, ``compact`` and ``decoder``."""
+    See ``HFPolicy.sample`` for the ending rules, ``refresh``, ``interrupt``, ``compact`` and
+    ``decoder``."""
     from reasonrl.policy.fused_decode import make_decoder
 
     eos, pad, device = tokenizer.eos_token_id, tokenizer.pad_token_id, ids.device
@@ -101,7 +109,7 @@ def sample_completions(
     # A stop string spans at most this many tokens (each token decodes to >= 1 character).
     stop_window = max((len(s) for s in stop), default=0) + 1 if stop else 0
     scratch: dict[str, Tensor] = {}  # the draw's full-batch buffers, kept across steps
-    steps = 0
+    steps, interrupted = 0, False
     for step in range(max_new_tokens):
         steps = step + 1
         logits_f = logits.float()
@@ -134,6 +142,9 @@ def sample_completions(
             keep = torch.nonzero(~done[live]).squeeze(-1)
             dec.select(keep)
             live, mask, next_pos, tok = live[keep], mask[keep], next_pos[keep], tok[keep]
+        if interrupt is not None and interrupt():
+            interrupted = True
+            break
         if refresh is not None:
             new_version = int(refresh())
             if new_version != version:
@@ -159,6 +170,7 @@ def sample_completions(
         truncated=~ended_at_eos & ~stopped,
         texts=texts,
         token_versions=versions[:, :steps] * completion_mask if refresh is not None else None,
+        running=~done if interrupted else None,
     )
 
 

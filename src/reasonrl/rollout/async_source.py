@@ -18,7 +18,9 @@ number for number (one sampler continues the learner's random stream).
 
 **Partial rollouts** (``rollout.partial``): between decode steps the sampler takes any weights
 that arrived, so a long generation continues under the newer weights; every token records its
-version (``token_versions``) and its behaviour log-prob.
+version (``token_versions``) and its behaviour log-prob. With a ``rollout.prefix_check``
+(RollVerify) newer weights interrupt the generation instead, and the check decides the stale
+prefixes before the rows continue under them (``reasonrl.rollout.inflight``).
 
 **Simulated staleness** (``rollout.simulated_staleness: k``): the step-b batch uses exactly the
 weights published after step max(0, b − k/m), without partial updates — deterministic, and the
@@ -43,6 +45,7 @@ from typing import Any
 import torch
 
 from reasonrl.perf import Stopwatch
+from reasonrl.rollout.partial import check_partial
 from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.sources import RolloutSource, SourceContext, check_simulated_staleness, optimizer_steps_per_step
 
@@ -127,6 +130,9 @@ class SamplerWorker:
         self.lag = self.simulated if recipe.rollout.simulated_staleness else admission_lag(recipe)
         self.history: dict[int, tuple[int, Any]] = {}  # simulated: published step -> (version, weights)
         self.loaded_step: int | None = None
+        # A prefix check needs μ loaded until the switch: newer weights wait in ``pending``.
+        self.verify = recipe.rollout.partial and recipe.rollout.prefix_check is not None and not self.simulated
+        self.pending: tuple[int, Any] | None = None
 
     def _handle(self, message) -> None:
         if message[0] == "stop":
@@ -137,9 +143,25 @@ class SamplerWorker:
         if self.recipe.rollout.simulated_staleness:
             self.history[published] = (version, tensors)
         elif published >= self.published:  # Ray's threaded actors may deliver two sends out of order
-            self.policy.set_weights(tensors)
-            self.version = version
+            if self.verify:
+                self.pending = (version, tensors)
+            else:
+                self.policy.set_weights(tensors)
+                self.version = version
         self.published = max(self.published, published)
+
+    def _poll(self, inbox) -> bool:
+        """Take the messages that arrived; are newer weights waiting to be loaded?"""
+        self._drain(inbox)
+        return self.pending is not None
+
+    def _load(self) -> int:
+        """Load the waiting weights, if any; the version now loaded."""
+        if self.pending is not None:
+            self.version, tensors = self.pending
+            self.policy.set_weights(tensors)
+            self.pending = None
+        return self.version
 
     def _drain(self, inbox) -> int:
         while True:
@@ -161,10 +183,13 @@ class SamplerWorker:
 
     def loop(self, inbox, outbox) -> None:
         from reasonrl.rollout.collect import collect
+        from reasonrl.rollout.inflight import InFlightRollout
 
         r = self.recipe
         simulated = bool(r.rollout.simulated_staleness)
-        refresh = (lambda: self._drain(inbox)) if r.rollout.partial and not simulated else None
+        refresh = (lambda: self._drain(inbox)) if r.rollout.partial and not simulated and not self.verify else None
+        sampler = InFlightRollout(self.policy, r, lambda: self._poll(inbox), self._load) if self.verify \
+            else self.policy
         try:
             while self.step < r.train.steps:
                 # Admission: wait for weights fresh enough for this step (and for the first weights at all).
@@ -174,9 +199,12 @@ class SamplerWorker:
                     self._use_simulated_weights()
                 else:
                     self._drain(inbox)
+                    self._load()
                 watch = Stopwatch()
-                batch, every, stats = collect(self.policy, self.scorer, self.task, r, self.step, self.generator,
+                batch, every, stats = collect(sampler, self.scorer, self.task, r, self.step, self.generator,
                                               self.version, watch, self.sampler, refresh=refresh)
+                if self.verify:
+                    stats.sampler_metrics = sampler.metrics()
                 step, self.step = self.step, self.step + self.stride
                 after = {"step": self.step, "generator": self.generator.get_state(),
                          "sampler": self.sampler.state_dict()}
@@ -212,14 +240,13 @@ class AsyncSource(RolloutSource):
         self.version, self.step = 0, 0  # the learner's, as last published
         self.k_steps = ro.simulated_staleness // optimizer_steps_per_step(self.recipe)
         self.snapshots: dict[int, tuple[int, dict]] = {}  # simulated: published step -> (version, weights)
+        self.sampler_metrics: dict[str, float] = {}  # the latest batch's partial/* and rollverify/*
 
     @classmethod
     def check(cls, recipe, need) -> None:
         ro = recipe.rollout
         need(ro.engine == "ray" or ro.workers == 1, "rollout.workers > 1 needs rollout.engine: ray")
-        need(ro.simulated_partial == 0 and ro.prefix_check is None,
-             "rollout.simulated_partial and rollout.prefix_check (RollVerify) run in the sync source only; the "
-             "async source's partial rollouts (rollout.partial) do not verify prefixes yet")
+        check_partial(recipe, need, real=True)
         need(ro.workers == 1 or recipe.sampler.name == "stream",
              f"rollout.workers > 1 splits the steps between samplers, each with its own copy of the prompt "
              f"sampler; sampler '{recipe.sampler.name}' learns from results, so it needs rollout.workers: 1")
@@ -319,6 +346,7 @@ class AsyncSource(RolloutSource):
                 watch.seconds[f"sampler_{phase}"] += s
             self.resume_from[i] = after
             self.restarts_in_a_row = 0
+            self.sampler_metrics = dict(stats.sampler_metrics)
             return batch, every, stats
 
     def publish(self, policy, version, step) -> None:
@@ -334,7 +362,7 @@ class AsyncSource(RolloutSource):
             endpoint.send(("weights", version, step, tensors))
 
     def metrics(self) -> dict[str, float]:
-        return dict(self.counts)
+        return {**self.counts, **self.sampler_metrics}
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

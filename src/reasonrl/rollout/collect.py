@@ -29,6 +29,8 @@ class CollectStats:
     zero_variance_groups: int = 0
     rounds: int = 0
     reward_failures: dict[str, int] = field(default_factory=dict)
+    # What a sampler in another process measured (the async source's prefix checks), for the log.
+    sampler_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def stop_strings(recipe: Recipe, task) -> list[str] | None:
