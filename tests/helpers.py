@@ -85,3 +85,27 @@ class FakeInbox:
 
     def get(self, timeout=None):
         return ("stop",)
+
+
+def straight_and_resumed(recipe, tmp_path, monkeypatch):
+    """Run ``recipe`` straight (``a``) and crashed at a random step, then resumed (``b``); assert
+    equal metrics (``perf/*`` aside) and bit-identical final weights; return a's metric rows."""
+    import random
+
+    import torch
+    from safetensors.torch import load_file
+
+    from reasonrl.train.metrics import read_metrics
+    from reasonrl.train.trainer import Trainer
+
+    Trainer(recipe, tmp_path / "a", log=lambda m: None).run()
+    crash = random.Random().randint(1, recipe.train.steps - 1)
+    with crash_at_step(monkeypatch, crash):
+        Trainer(recipe, tmp_path / "b", log=lambda m: None).run()
+    Trainer(recipe, tmp_path / "b", resume=True, log=lambda m: None).run()
+    a, b = ([{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_metrics(tmp_path / d)]
+            for d in ("a", "b"))
+    assert a == b, f"crashed at step {crash}"
+    wa, wb = (load_file(str(tmp_path / d / "final_model" / "model.safetensors")) for d in ("a", "b"))
+    assert set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa), f"crashed at step {crash}"
+    return a

@@ -4,7 +4,6 @@ The learner π is the mini policy with perturbed weights; the stale snapshot μ 
 weights (the source's step-0 snapshot), so the two differ enough for the checks to act.
 """
 
-import random
 import subprocess
 import sys
 
@@ -19,10 +18,8 @@ from reasonrl.rewards.scorer import build_scorer
 from reasonrl.rollout.partial import _stop_cut
 from reasonrl.rollout.sources import SourceContext, SyncSource
 from reasonrl.tasks.base import build_task
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.trainer import Trainer
 
-from helpers import crash_at_step, mini_policy, mini_recipe
+from helpers import mini_policy, mini_recipe, straight_and_resumed
 
 J, T, STALE, CURRENT = 6, 0.8, 0, 3  # switch after J tokens; temperature; the two versions
 
@@ -275,16 +272,5 @@ def test_crash_and_resume_is_the_straight_run_in_partial_mode(tmp_path, monkeypa
                                   "prefix_check": {"name": "rollverify_token"}},
                          off_policy={"name": "behaviour_ppo"}, optim={"lr": 1e-3},
                          train={"steps": 5, "checkpoint_every": 1}, eval={"size": 8})
-    Trainer(recipe, tmp_path / "a", log=lambda m: None).run()
-    crash = random.Random().randint(1, 4)
-    with crash_at_step(monkeypatch, crash):
-        Trainer(recipe, tmp_path / "b", log=lambda m: None).run()
-    Trainer(recipe, tmp_path / "b", resume=True, log=lambda m: None).run()
-    a, b = ([{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_metrics(tmp_path / d)]
-            for d in ("a", "b"))
-    assert a == b, f"crashed at step {crash}"
-    from safetensors.torch import load_file
-
-    wa, wb = (load_file(str(tmp_path / d / "final_model" / "model.safetensors")) for d in ("a", "b"))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    a = straight_and_resumed(recipe, tmp_path, monkeypatch)
     assert sum(r.get("partial/regenerated_tokens", 0) for r in a) > 0  # the check did cut prefixes

@@ -42,6 +42,7 @@ _COMPONENT_REGISTRIES = {
     "methods": registry.METHODS,
     "off_policy": registry.OFF_POLICY,
     "rollout.prefix_check": registry.PREFIX_CHECKS,
+    "env": registry.ENVIRONMENTS,
 }
 
 
@@ -116,6 +117,7 @@ def _user_code(raw: Any, where: str) -> Any:
 def _import_components() -> None:
     # Registration happens on import; a recipe may name any built-in component.
     import reasonrl.algos  # noqa: F401
+    import reasonrl.envs  # noqa: F401
     import reasonrl.methods  # noqa: F401
     import reasonrl.rewards  # noqa: F401
     import reasonrl.rollout.samplers  # noqa: F401
@@ -195,6 +197,7 @@ PIPELINE_ARGS = {
     "eval.task": {"name"},
     "sampler": {"task", "seed"},
     "methods": set(),
+    "env": set(),
     "off_policy": {"proximal_logprobs", "behaviour_logprobs", "response_mask"},
     "rollout.prefix_check": {"current_logprobs", "behaviour_logprobs", "current_probs", "behaviour_probs",
                              "prefix_tokens", "prefix_mask", "generator"},
@@ -255,6 +258,10 @@ def _check_semantics(r: Recipe, where: str) -> None:
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), where, f"rewards: each reward function may appear once, got {names}")
     need(bool(names), where, "rewards: at least one reward function is required")
+    if r.env is not None:
+        from reasonrl.rollout.episodes import check_episodes
+
+        check_episodes(r, lambda cond, msg: need(cond, where, msg))
     source = _registered(registry.ROLLOUT_SOURCES, r.rollout.source, where, "rollout.source")
     source.check(r, lambda cond, msg: need(cond, where, msg))
     # A component whose meaning depends on another section says so with ``check_recipe``.

@@ -136,6 +136,12 @@ class RolloutConfig:
     At the switch of ``simulated_partial`` (``sync``), or of real partial rollouts (``async`` with
     ``partial: true``: newer weights interrupt the generation, the check runs, the kept rows
     continue from a fresh prefill under the new weights)."""
+    max_turns: Annotated[int, Range(ge=1)] = 4
+    """With an ``env``: the most model turns in one episode (verl ``max_assistant_turns``);
+    ``max_new_tokens`` is then each turn's budget."""
+    max_episode_tokens: Annotated[int, Range(ge=0)] = 0
+    """With an ``env``: the most completion tokens in one episode, the model's and the
+    environment's together; 0: ``max_turns × max_new_tokens``."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """The sampler's own precision beside the learner's (e.g. a ``bfloat16`` sampler for an fp32
     learner); its behaviour log-probs are recorded, so ``off_policy`` can correct the mismatch.
@@ -325,6 +331,11 @@ class Recipe:
     ``mis`` (masked IS), ``decoupled_ppo`` (AReaL), ``behaviour_ppo``; null: none."""
     methods: list[Component] = field(default_factory=list)
     """Components that own models or state (``METHODS``), called through the method hooks."""
+    env: Component | None = None
+    """A multi-turn environment (``ENVIRONMENTS``, e.g. ``{name: calculator}``): every rollout,
+    and every evaluation, is then an episode of up to ``rollout.max_turns`` model turns with the
+    environment's answers in between, attended but not trained on (``reasonrl.rollout.episodes``).
+    null: one completion per rollout."""
     output_dir: str = "runs"
     run_name: str | None = None
     plugins: list[str] = field(default_factory=list)

@@ -87,7 +87,7 @@ def grpo_dropout_selector(batch, *, step: int, total_steps: int, variant: str = 
     if len(batch) == 0:
         return batch, {}
     logprobs = _batch_logprobs(batch)
-    mask = batch.completion_mask
+    mask = batch.response_mask  # the model's tokens (not an episode's environment tokens)
     seq_lp = sequence_logprob(logprobs.to(torch.float64), mask, basis)
     kept, push, _ = grpo_dropout_select(batch.rewards, seq_lp, batch.group_ids, variant=variant, step=step,
                                         total_steps=total_steps, min_keep=min_keep, a0=a0, a1=a1, seed=seed, eps=eps)

@@ -7,6 +7,7 @@ from typing import Callable
 
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.basic import exact_answer
+from reasonrl.rollout.episodes import sample_problems
 from reasonrl.tasks.base import Problem
 
 
@@ -16,7 +17,7 @@ def greedy_texts(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
     texts: list[str] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
-        texts += policy.sample([p.prompt for p in chunk], 1, max_new_tokens, temperature=0.0, stop=stop).texts
+        texts += sample_problems(policy, chunk, 1, max_new_tokens, 0.0, stop=stop).texts
     return texts
 
 

@@ -18,6 +18,7 @@ from reasonrl.evaluate.sampling_eval import evaluate_sampling
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.registry import REWARDS, TASKS
 from reasonrl.rollout.collect import stop_strings
+from reasonrl.rollout.episodes import rollout_sampler
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Evaluator:
     def __init__(self, recipe: Recipe, train_task: Any) -> None:
         cfg = recipe.eval
         self.cfg = cfg
+        self.recipe = recipe
         if cfg.task is not None:
             try:
                 self.task = TASKS.get(cfg.task.name)(**cfg.task.params)
@@ -69,7 +71,7 @@ class Evaluator:
     def sampled(self, policy: HFPolicy, greedy: bool = True,
                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """The full n-sample result, per-problem rows included (what ``reasonrl eval`` saves)."""
-        return evaluate_sampling(policy, self.problems, is_correct=self.is_correct, extract=self.extract,
+        return evaluate_sampling(rollout_sampler(policy, self.recipe), self.problems, is_correct=self.is_correct, extract=self.extract,
                                  n=self.cfg.n, ks=self.ks, max_new_tokens=self.budget,
                                  temperature=self.cfg.temperature, seed=self.cfg.seed, stop=self.stop,
                                  batch_size=self.cfg.batch_size, greedy=greedy,
@@ -78,10 +80,13 @@ class Evaluator:
     def __call__(self, policy: HFPolicy) -> EvalResult:
         if not self.problems:
             return EvalResult({})
-        correct = greedy_outcomes(policy, self.problems, self.budget, self.cfg.batch_size, self.stop, self.reward)
+        sampler = rollout_sampler(policy, self.recipe)  # with an env, greedy episodes
+        correct = greedy_outcomes(sampler, self.problems, self.budget, self.cfg.batch_size, self.stop, self.reward)
         outcomes = [float(c) for c in correct]
         result = EvalResult(accuracy_by_form(correct, self.problems), {"accuracy": bootstrap_ci(outcomes)},
                             {"accuracy": outcomes})
+        if sampler is not policy:  # the greedy episodes' means, e.g. episode/tool_calls
+            result.metrics.update(sampler.metrics())
         if self.cfg.n:
             for name, value in self.sampled(policy, greedy=False)["metrics"].items():
                 if isinstance(value, dict):

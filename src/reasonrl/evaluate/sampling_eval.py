@@ -16,6 +16,7 @@ import torch
 from reasonrl.evaluate.calibration import auroc, brier_score, expected_calibration_error, overconfidence_rate
 from reasonrl.evaluate.metrics import bootstrap_ci, majority_answer, pass_at_k
 from reasonrl.policy.hf import HFPolicy
+from reasonrl.rollout.episodes import sample_problems
 from reasonrl.tasks.base import Problem
 
 # "confidence: 0.8", "Confidence = 80%", "confidence 0.75" (case-insensitive; the last one wins)
@@ -52,9 +53,8 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
     per_prompt = max(1, batch_size // n)
     for start in range(0, len(problems), per_prompt):
         chunk = problems[start:start + per_prompt]
-        prompts = [p.prompt for p in chunk]
-        sampled = policy.sample(prompts, n, max_new_tokens, temperature, generator=generator, stop=stop)
-        greedy_texts = policy.sample(prompts, 1, max_new_tokens, 0.0, stop=stop).texts if greedy else None
+        sampled = sample_problems(policy, chunk, n, max_new_tokens, temperature, generator, stop)
+        greedy_texts = sample_problems(policy, chunk, 1, max_new_tokens, 0.0, stop=stop).texts if greedy else None
         lengths = sampled.completion_mask.sum(-1)
         logp = sampled.sample_logprobs.sum(-1)
         for i, problem in enumerate(chunk):

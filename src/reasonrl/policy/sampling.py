@@ -50,6 +50,10 @@ class Samples:
     token_versions: Tensor | None = None
     # [N] bool: the rows an ``interrupt`` left running (marked truncated; None: not interrupted).
     running: Tensor | None = None
+    # Multi-turn episodes (``reasonrl.rollout.episodes``): [N, T] 1 on the model's tokens, 0 on
+    # the environment's (attended, not trained on); [N] the environment's per-turn rewards summed.
+    loss_mask: Tensor | None = None
+    env_rewards: Tensor | None = None
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:
@@ -59,6 +63,17 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def left_pad(rows: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
+    """Token rows of different lengths as a left-padded ``[R, W]`` batch and its mask (how the
+    sampler takes prompts, so a prompt + prefix row continues where it ends)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=rows[0].device)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids, mask
 
 
 @torch.no_grad()

@@ -65,4 +65,4 @@ def dense_token_rewards(tokenizer, batch: RolloutBatch, fn: Callable[..., list[f
         ids = batch.completion_ids[i, :int(lengths[i])].tolist()
         rewards = chars_to_tokens(list(map(float, char_rewards)), token_char_spans(tokenizer, ids))
         dense[i, :len(rewards)] = torch.tensor(rewards, dtype=torch.float32)
-    return dense * batch.completion_mask
+    return dense * batch.response_mask  # an environment's tokens earn nothing

@@ -183,13 +183,14 @@ class SamplerWorker:
 
     def loop(self, inbox, outbox) -> None:
         from reasonrl.rollout.collect import collect
+        from reasonrl.rollout.episodes import rollout_sampler
         from reasonrl.rollout.inflight import InFlightRollout
 
         r = self.recipe
         simulated = bool(r.rollout.simulated_staleness)
         refresh = (lambda: self._drain(inbox)) if r.rollout.partial and not simulated and not self.verify else None
         sampler = InFlightRollout(self.policy, r, lambda: self._poll(inbox), self._load) if self.verify \
-            else self.policy
+            else rollout_sampler(self.policy, r)
         try:
             while self.step < r.train.steps:
                 # Admission: wait for weights fresh enough for this step (and for the first weights at all).
@@ -203,7 +204,7 @@ class SamplerWorker:
                 watch = Stopwatch()
                 batch, every, stats = collect(sampler, self.scorer, self.task, r, self.step, self.generator,
                                               self.version, watch, self.sampler, refresh=refresh)
-                if self.verify:
+                if sampler is not self.policy:  # prefix checks, episodes
                     stats.sampler_metrics = sampler.metrics()
                 step, self.step = self.step, self.step + self.stride
                 after = {"step": self.step, "generator": self.generator.get_state(),

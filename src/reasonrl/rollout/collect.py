@@ -18,6 +18,7 @@ from reasonrl.config import Recipe
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.scorer import Scorer
+from reasonrl.rollout.episodes import sample_problems
 from reasonrl.rollout.samplers import PromptSampler
 from reasonrl.tasks.base import Problem, Task
 
@@ -50,22 +51,29 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
     token then records its version and the batch's ``policy_version`` is the oldest of them."""
     g = recipe.rollout.num_generations
     with watch("sample"):
-        samples = policy.sample([p.prompt for p in problems], g, recipe.rollout.max_new_tokens,
-                                recipe.rollout.temperature, generator=generator, stop=stop,
-                                **({"refresh": refresh} if refresh is not None else {}))
+        samples = sample_problems(policy, problems, g, recipe.rollout.max_new_tokens, recipe.rollout.temperature,
+                                  generator, stop, **({"refresh": refresh} if refresh is not None else {}))
     token_versions = getattr(samples, "token_versions", None)
     if token_versions is not None and bool(samples.completion_mask.any()):
         policy_version = int(token_versions[samples.completion_mask.bool()].min())
     rows = [p for p in problems for _ in range(g)]
-    num_tokens = samples.completion_mask.sum(-1).tolist()
+    loss_mask = getattr(samples, "loss_mask", None)
+    # The model's own tokens (an episode's environment tokens are not its length).
+    written = samples.completion_mask if loss_mask is None else samples.completion_mask * loss_mask
+    num_tokens = written.sum(-1).tolist()
     with watch("score"):
         scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist(), group_size=g)
+    total = torch.tensor(scores.total, dtype=torch.float32)
+    env_rewards = getattr(samples, "env_rewards", None)
+    if env_rewards is not None:  # an episode's per-turn rewards add to its reward functions'
+        total = total + env_rewards.float()
     meta = {
         "problem": rows,
         "prompt": [p.prompt for p in rows],
         "completion": samples.texts,
         "answer": [p.answer for p in rows],
         **{f"reward/{name}": values for name, values in scores.per_function.items()},
+        **({"reward/env": env_rewards.tolist()} if env_rewards is not None else {}),
         **{f"meta/{k}": [p.meta.get(k) for p in rows] for k in (problems[0].meta if problems else {})},
     }
     batch = RolloutBatch(
@@ -74,11 +82,12 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
         completion_ids=samples.completion_ids,
         completion_mask=samples.completion_mask,
         group_ids=torch.arange(len(problems)).repeat_interleave(g) + group_offset,
-        rewards=torch.tensor(scores.total, dtype=torch.float32),
+        rewards=total,
         truncated=samples.truncated,
         policy_version=policy_version,
         sample_logprobs=samples.sample_logprobs,
         token_versions=token_versions,
+        loss_mask=loss_mask,
         meta=meta,
     )
     return batch, scores.failures

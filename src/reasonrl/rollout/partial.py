@@ -38,7 +38,7 @@ from torch import Tensor
 from reasonrl.algos.rollverify import (TAU_SEQ, TAU_TOK, ops, speculative_verify, truncate_deterministic,
                                        verification_metrics, verify_sequences)
 from reasonrl.params import Range
-from reasonrl.policy.sampling import Samples, cut_at_stop, sample_completions
+from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, sample_completions
 from reasonrl.registry import PREFIX_CHECKS
 
 __all__ = ["PrefixDecision", "PartialRollout", "check_partial", "keep", "discard", "rollverify_sequence",
@@ -148,15 +148,6 @@ def _logits(policy, prompt_ids: Tensor, prompt_mask: Tensor, tokens: Tensor, mas
     return F.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
 
 
-def _left_pad(rows: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=rows[0].device)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
-    return ids, mask
-
-
 def _stop_cut(tokenizer, tokens: Tensor, stop: list[str]) -> Optional[int]:
     """The length at which the sampler would have ended a completion: its first token at which
     the text so far contains a stop string (one may span the stale prefix and π's tokens)."""
@@ -215,7 +206,7 @@ class PrefixSwitches:
             running = []
             if not go:
                 break
-            ids, mask = _left_pad(heads, self.tokenizer.pad_token_id)
+            ids, mask = left_pad(heads, self.tokenizer.pad_token_id)
             cont = sample(ids, mask, max(budgets))
             for c, (i, b) in enumerate(zip(go, budgets)):
                 length = int(cont.completion_mask[c].sum())

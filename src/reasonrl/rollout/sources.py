@@ -32,6 +32,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.perf import Stopwatch
 from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.collect import CollectStats, collect
+from reasonrl.rollout.episodes import rollout_sampler
 from reasonrl.rollout.partial import PartialRollout, check_partial
 
 __all__ = ["SourceContext", "RolloutSource", "SyncSource", "optimizer_steps_per_step", "check_simulated_staleness"]
@@ -132,6 +133,7 @@ class SyncSource(RolloutSource):
         if self.k_steps:
             self.snapshots[0] = (0, ctx.policy.weights())
         self.partial = PartialRollout(self.behaviour, ctx.policy, r) if r.rollout.simulated_partial else None
+        self.episodes = rollout_sampler(self.behaviour, r) if r.env is not None else None
 
     @classmethod
     def check(cls, recipe, need) -> None:
@@ -156,12 +158,13 @@ class SyncSource(RolloutSource):
                 self.behaviour.set_weights(weights)
                 self.loaded = chosen
         c = self.ctx
-        sampler = self.partial.at(sampled_version, version) if self.partial else self.behaviour
+        sampler = self.partial.at(sampled_version, version) if self.partial else self.episodes or self.behaviour
         return collect(sampler, c.scorer, c.task, self.recipe, step, c.generator, sampled_version,
                        watch, c.sampler)
 
     def metrics(self) -> dict[str, float]:
-        return self.partial.metrics() if self.partial else {}
+        sampler = self.partial or self.episodes
+        return sampler.metrics() if sampler else {}
 
     def publish(self, policy, version, step) -> None:
         if not self.off_policy:

@@ -94,7 +94,7 @@ class Teacher:
                 parts[k].append(v)
         for k, v in parts.items():
             batch.aux[k] = torch.cat(v)
-        mask = batch.completion_mask
+        mask = batch.response_mask
         reward = batch.aux["teacher_token_prob"] - batch.aux["student_token_prob"]
         delta = reward - batch.aux["student_value"]
         return {
@@ -116,12 +116,12 @@ class Teacher:
         if VERIFIER_KEY not in batch.aux:
             raise ValueError(f"Teacher.update needs batch.aux['{VERIFIER_KEY}'], written by the 'residual' "
                              "advantage: set 'advantage: {name: residual}' in the recipe")
-        total = max(1.0, float(batch.completion_mask.float().sum()))
+        total = max(1.0, float(batch.response_mask.float().sum()))
         before: list[Tensor] = []  # log π_T of the teacher that entered this update, per micro-batch
         clip = self.cfg.clip
 
         def loss_fn(micro: RolloutBatch, _mini: RolloutBatch, epoch: int, j: int) -> tuple[Tensor, dict[str, float]]:
-            m = micro.completion_mask.float()
+            m = micro.response_mask.float()
             a = micro.aux[VERIFIER_KEY]
             logp, _ = self.policy.completion_logprobs(
                 micro.prompt_ids, micro.prompt_mask, micro.completion_ids, micro.completion_mask,

@@ -295,7 +295,7 @@ class Trainer:
             "sampling_rounds": stats.rounds,
             # Entropy of the sampling distribution estimated over every sampled row, so methods that
             # train on a subset (GRPODropout) compare fairly with those that do not.
-            "rollout/neg_logprob": float(-masked_mean(sampled.sample_logprobs, sampled.completion_mask)),
+            "rollout/neg_logprob": float(-masked_mean(sampled.sample_logprobs, sampled.response_mask)),
         }
         for key, values in sampled.meta.items():
             if key.startswith("reward/"):

@@ -1,0 +1,4 @@
+"""Multi-turn environments, registered in ``ENVIRONMENTS`` (``env:`` in a recipe)."""
+
+from reasonrl.envs.base import Environment, Step  # noqa: F401
+from reasonrl.envs import calculator  # noqa: F401  (registers "calculator" and the "arithmetic_tools" task)

@@ -1,0 +1,202 @@
+"""Multi-turn episodes (``env:`` in a recipe): the model's turns and the environment's
+observations in one completion block, with a loss mask.
+
+Each of the ``num_prompts × G`` rows is one episode with an environment of its own
+(``reasonrl.envs.base``). A turn is sampled for every episode still running, from its prompt
+plus everything so far, by one ``sample_completions`` call over the left-padded contexts (one
+completion each); the environment answers each turn, and its observation is tokenised and
+appended. The completion block of a row is then
+
+    [turn 1 tokens][observation 1 tokens][turn 2 tokens] … [last turn tokens]
+     loss 1          loss 0                loss 1              loss 1
+
+``completion_mask`` is 1 on all of it (everything is attended), ``loss_mask`` 1 on the model's
+tokens only, so the batch's ``response_mask`` trains the model's tokens, and every advantage,
+loss and method works on episodes unchanged.
+
+**No re-tokenisation.** The model's tokens are kept as sampled, ids and log-probs; only the
+environment's text is tokenised (on its own, ``add_special_tokens=False``). The next turn's
+context is the concatenation of these ids, never ``tokenize(decode(...))``: a BPE tokenizer
+would merge characters across a turn boundary into other tokens than the ones sampled, and
+the trained ids would not be the sampled ones (TRL #5224, verl #3960).
+
+**Budgets.** ``rollout.max_new_tokens`` per model turn, ``rollout.max_turns`` turns, and
+``rollout.max_episode_tokens`` completion tokens in all (model and environment; 0: max_turns ×
+max_new_tokens). A row that runs out of turns or tokens while the environment still waits is
+marked truncated. Its last model turn may be cut at the episode budget.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, sample_completions
+from reasonrl.registry import ENVIRONMENTS
+
+__all__ = ["EpisodeRollout", "check_episodes", "episode_budget", "rollout_sampler", "sample_problems"]
+
+
+def sample_problems(sampler, problems, num_generations: int, max_new_tokens: int, temperature: float,
+                    generator=None, stop=None, **kwargs) -> Samples:
+    """``sampler.sample`` on the prompts of ``problems``; an episode sampler (``episodic``) also
+    gets the problems, whose environments start from them."""
+    if getattr(sampler, "episodic", False):
+        kwargs["problems"] = problems
+    return sampler.sample([p.prompt for p in problems], num_generations, max_new_tokens, temperature,
+                          generator=generator, stop=stop, **kwargs)
+
+
+def rollout_sampler(policy, recipe):
+    """What samples rollouts (and evaluations) for ``recipe``: ``policy`` itself, or the
+    episode sampler over it when the recipe has an ``env``."""
+    return EpisodeRollout(policy, recipe) if recipe.env is not None else policy
+
+
+def check_episodes(recipe, need) -> None:
+    """The recipe rules of ``env``."""
+    ro = recipe.rollout
+    need(not ro.simulated_partial and ro.prefix_check is None,
+         "rollout.simulated_partial and rollout.prefix_check act on single completions; an episode (env) "
+         "has several turns: drop them, or the env")
+    need(ro.max_episode_tokens == 0 or ro.max_episode_tokens >= ro.max_new_tokens,
+         f"rollout.max_episode_tokens={ro.max_episode_tokens} is below one turn's rollout.max_new_tokens="
+         f"{ro.max_new_tokens}; raise it, or 0 for max_turns x max_new_tokens")
+
+
+def episode_budget(recipe) -> int:
+    ro = recipe.rollout
+    return ro.max_episode_tokens or ro.max_turns * ro.max_new_tokens
+
+
+class EpisodeRollout:
+    """A sampler ``collect`` and the evaluator call like a policy (``sample``, ``tokenizer``),
+    given the problems (``episodic``); ``metrics()`` returns (and resets) the episodes' means
+    since the last call: ``episode/turns``, ``episode/env_tokens``, ``episode/env_reward``,
+    ``episode/truncated`` and each ``Step.info`` key."""
+
+    episodic = True
+
+    def __init__(self, policy, recipe) -> None:
+        self.policy, self.tokenizer = policy, policy.tokenizer
+        self.env_cls, self.env_params = ENVIRONMENTS.get(recipe.env.name), dict(recipe.env.params)
+        self.max_turns, self.budget = recipe.rollout.max_turns, episode_budget(recipe)
+        self._sums: dict[str, float] = defaultdict(float)
+        self._episodes = 0
+        self._refreshed = False
+
+    def sample(self, prompts, num_generations, max_new_tokens, temperature=1.0, generator=None, stop=None,
+               refresh: Callable[[], int] | None = None, problems=None, **_) -> Samples:
+        if problems is None or len(problems) != len(prompts):
+            raise ValueError("an episode sampler needs the problems of its prompts (problems=[...])")
+        tok, g = self.tokenizer, num_generations
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+        n = len(prompts) * g
+        enc_ids, enc_mask = self.policy.encode_prompts(prompts)
+        prompt_ids, prompt_mask = enc_ids.repeat_interleave(g, 0), enc_mask.repeat_interleave(g, 0)
+        heads = [prompt_ids[i][prompt_mask[i].bool()] for i in range(n)]
+        envs = [self.env_cls(**self.env_params) for _ in range(n)]
+        seeds = torch.randint(0, 2**31 - 1, (n,), generator=generator).tolist()
+        # Per row: token ids, behaviour log-probs, loss mask, versions (lists of tensors), and totals.
+        parts: list[list[tuple]] = [[] for _ in range(n)]
+        used, env_reward = [0] * n, [0.0] * n
+        info: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]
+        turns, truncated = [0] * n, [False] * n
+        version = int(refresh()) if refresh is not None else 0
+        self._refreshed = refresh is not None  # versions are recorded only where they may differ
+        running = []
+        for i, (env, problem) in enumerate(zip(envs, (p for p in problems for _ in range(g)))):
+            first = env.reset(problem, seeds[i])
+            if first:
+                self._observe(parts[i], used, i, first, version)
+            running.append(i)
+        stops = list(dict.fromkeys([*(stop or []), *self.env_cls.stop]))
+        was = self.policy.model.training
+        self.policy.model.eval()
+        try:
+            while running:
+                rows = [i for i in running if used[i] < self.budget]
+                for i in set(running) - set(rows):
+                    truncated[i] = True
+                if not rows:
+                    break
+                budgets = [min(max_new_tokens, self.budget - used[i]) for i in rows]
+                ids, mask = left_pad([torch.cat([heads[i], *[p[0] for p in parts[i]]]) for i in rows], pad)
+                out = sample_completions(self.policy.model, tok, ids, mask, 1, max(budgets), temperature, generator,
+                                         stops or None, refresh=refresh, decoder=self.policy.decoder)
+                running = []
+                for c, (i, b) in enumerate(zip(rows, budgets)):
+                    length = int(out.completion_mask[c].sum())
+                    take = min(length, b)
+                    t = out.completion_ids[c, :take]
+                    v = out.token_versions[c, :take] if out.token_versions is not None \
+                        else torch.full_like(t, version)
+                    parts[i].append((t, out.sample_logprobs[c, :take], torch.ones_like(t), v))
+                    used[i] += take
+                    turns[i] += 1
+                    version = int(v.max()) if take else version
+                    text = tok.decode(t, skip_special_tokens=True)
+                    ended = (take > 0 and int(t[-1]) == eos) or (stop and cut_at_stop(text, stop) != text)
+                    if length > b or bool(out.truncated[c]):  # no EOS, no stop string: out of budget
+                        truncated[i] = True
+                        continue
+                    step = envs[i].step(text)
+                    env_reward[i] += float(step.reward)
+                    for key, value in step.info.items():
+                        info[i][key] += float(value)
+                    if ended or step.done:
+                        continue
+                    if turns[i] >= self.max_turns:
+                        truncated[i] = True  # the environment still waits for a turn
+                        continue
+                    if step.observation:
+                        self._observe(parts[i], used, i, step.observation, version)
+                    running.append(i)
+        finally:
+            self.policy.model.train(was)
+        return self._assemble(prompt_ids, prompt_mask, parts, truncated, env_reward, info, turns, stop)
+
+    def _observe(self, row_parts, used, i, text: str, version: int) -> None:
+        """Append the environment's ``text`` to row ``i``: tokenised on its own, not trained on;
+        cut at the episode budget."""
+        ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        ids = ids[: max(0, self.budget - used[i])]
+        row_parts.append((ids, torch.zeros(len(ids)), torch.zeros_like(ids), torch.full_like(ids, version)))
+        used[i] += len(ids)
+
+    def _assemble(self, prompt_ids, prompt_mask, parts, truncated, env_reward, info, turns, stop) -> Samples:
+        n, pad = len(parts), self.tokenizer.pad_token_id
+        rows = [[torch.cat([p[k] for p in ps]) if ps else torch.zeros(0, dtype=torch.long if k != 1 else torch.float)
+                 for k in range(4)] for ps in parts]
+        width = max(1, max(len(r[0]) for r in rows))
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        logps, loss, versions, mask = torch.zeros(n, width), torch.zeros_like(ids), torch.zeros_like(ids), \
+            torch.zeros_like(ids)
+        for i, (t, lp, lm, v) in enumerate(rows):
+            m = len(t)
+            ids[i, :m], logps[i, :m], loss[i, :m], versions[i, :m], mask[i, :m] = t, lp, lm, v, 1
+        texts = [self.tokenizer.decode(r[0], skip_special_tokens=True) for r in rows]
+        if stop:
+            texts = [cut_at_stop(t, stop) for t in texts]
+        self._episodes += n
+        for key in self.env_cls.info_keys:  # logged every step, 0 where no episode reported it
+            self._sums[f"episode/{key}"] += 0.0
+        self._sums["episode/turns"] += sum(turns)
+        self._sums["episode/env_tokens"] += float(((1 - loss) * mask).sum())
+        self._sums["episode/env_reward"] += sum(env_reward)
+        self._sums["episode/truncated"] += sum(truncated)
+        for row in info:
+            for key, value in row.items():
+                self._sums[f"episode/{key}"] += value
+        return Samples(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
+                       sample_logprobs=logps * loss, truncated=torch.tensor(truncated), texts=texts,
+                       token_versions=versions if self._refreshed else None, loss_mask=loss,
+                       env_rewards=torch.tensor(env_reward))
+
+    def metrics(self) -> dict[str, float]:
+        sums, episodes = self._sums, self._episodes
+        self._sums, self._episodes = defaultdict(float), 0
+        return {k: v / episodes for k, v in sums.items()} if episodes else {}
+
