@@ -245,3 +245,41 @@ BAD = [
 def test_bad_episode_settings_are_recipe_errors(sections, message):
     with pytest.raises(ConfigError, match=message):
         mini_recipe(**sections)
+
+
+class TwoStreams(Environment):
+    """Answers a turn ending in "1" from stream a ("11"), one ending in "2" from stream b ("2")."""
+
+    stop = ("1", "2")
+    channels = ("a", "b")
+
+    def step(self, action):
+        if action.endswith("1"):
+            return Step(observation="11", channel="a")
+        return Step(observation="2", channel="b") if action.endswith("2") else Step(done=True)
+
+
+ENVIRONMENTS.register("two_streams_test")(TwoStreams)
+
+
+def test_each_observation_token_records_its_channel(monkeypatch):
+    pol = tools_policy()
+    monkeypatch.setattr(episodes, "sample_completions", scripted(["31", "42", "5</s>"], pol.tokenizer, []))
+    ep = EpisodeRollout(pol, mini_recipe(env={"name": "two_streams_test"}, rollout={"max_turns": 3}))
+    s = sample_problems(ep, [Problem("9;", "")], 2, 8, 1.0, torch.Generator().manual_seed(0))
+    #            3  1  1  1  4  2  2  5  </s>
+    assert s.env_channels.tolist() == [[0, 0, 1, 1, 0, 0, 2, 0, 0]] * 2
+    assert s.loss_mask.tolist() == [[1, 1, 0, 0, 1, 1, 0, 1, 1]] * 2
+
+
+def test_an_unknown_channel_is_a_clear_error(monkeypatch):
+    class Bad(TwoStreams):
+        def step(self, action):
+            return Step(observation="1", channel="c")
+
+    ENVIRONMENTS.register("bad_channel_test")(Bad)
+    pol = tools_policy()
+    monkeypatch.setattr(episodes, "sample_completions", scripted(["31"], pol.tokenizer, []))
+    ep = EpisodeRollout(pol, mini_recipe(env={"name": "bad_channel_test"}))
+    with pytest.raises(ValueError, match=r"channel 'c'; its channels are \['a', 'b'\]"):
+        sample_problems(ep, [Problem("9;", "")], 2, 8, 1.0, torch.Generator().manual_seed(0))

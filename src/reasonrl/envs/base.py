@@ -37,6 +37,9 @@ class Step:
     reward: float = 0.0
     done: bool = False
     info: dict[str, float] = field(default_factory=dict)
+    channel: str | None = None
+    """Which of the environment's ``channels`` the observation comes from (e.g. one of two
+    evidence streams); recorded per token in ``batch.aux["env_channel"]``."""
 
 
 class Environment:
@@ -47,6 +50,9 @@ class Environment:
 
     stop: tuple[str, ...] = ()
     info_keys: tuple[str, ...] = ()  # the ``Step.info`` keys it reports (logged every step, 0 if unseen)
+    # Named sources of observations; a token of channel ``channels[k]`` gets ``env_channel`` k + 1
+    # (0: a model token, or an observation of no channel).
+    channels: tuple[str, ...] = ()
 
     def reset(self, problem, seed: int) -> str:
         """Start an episode on ``problem``; the first observation ('' for none)."""

@@ -54,6 +54,8 @@ class Samples:
     # the environment's (attended, not trained on); [N] the environment's per-turn rewards summed.
     loss_mask: Tensor | None = None
     env_rewards: Tensor | None = None
+    # [N, T] long: the environment channel of each token (k + 1 for ``Environment.channels[k]``; 0 else).
+    env_channels: Tensor | None = None
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:

@@ -89,6 +89,7 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
         token_versions=token_versions,
         loss_mask=loss_mask,
         meta=meta,
+        aux={"env_channel": samples.env_channels} if getattr(samples, "env_channels", None) is not None else {},
     )
     return batch, scores.failures
 

@@ -110,7 +110,7 @@ class EpisodeRollout:
         for i, (env, problem) in enumerate(zip(envs, (p for p in problems for _ in range(g)))):
             first = env.reset(problem, seeds[i])
             if first:
-                self._observe(parts[i], used, i, first, version)
+                self._observe(parts[i], used, i, first, version, None)
             running.append(i)
         stops = list(dict.fromkeys([*(stop or []), *self.env_cls.stop]))
         was = self.policy.model.training
@@ -133,7 +133,7 @@ class EpisodeRollout:
                     t = out.completion_ids[c, :take]
                     v = out.token_versions[c, :take] if out.token_versions is not None \
                         else torch.full_like(t, version)
-                    parts[i].append((t, out.sample_logprobs[c, :take], torch.ones_like(t), v))
+                    parts[i].append((t, out.sample_logprobs[c, :take], torch.ones_like(t), v, torch.zeros_like(t)))
                     used[i] += take
                     turns[i] += 1
                     version = int(v.max()) if take else version
@@ -152,31 +152,38 @@ class EpisodeRollout:
                         truncated[i] = True  # the environment still waits for a turn
                         continue
                     if step.observation:
-                        self._observe(parts[i], used, i, step.observation, version)
+                        self._observe(parts[i], used, i, step.observation, version, step.channel)
                     running.append(i)
         finally:
             self.policy.model.train(was)
         return self._assemble(prompt_ids, prompt_mask, parts, truncated, env_reward, info, turns, stop)
 
-    def _observe(self, row_parts, used, i, text: str, version: int) -> None:
+    def _observe(self, row_parts, used, i, text: str, version: int, channel: str | None) -> None:
         """Append the environment's ``text`` to row ``i``: tokenised on its own, not trained on;
-        cut at the episode budget."""
+        cut at the episode budget; its tokens labelled with ``channel``'s number."""
+        channels = self.env_cls.channels
+        if channel is not None and channel not in channels:
+            raise ValueError(f"environment '{self.env_cls.__name__}' returned an observation of channel "
+                             f"'{channel}'; its channels are {list(channels)}")
         ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         ids = ids[: max(0, self.budget - used[i])]
-        row_parts.append((ids, torch.zeros(len(ids)), torch.zeros_like(ids), torch.full_like(ids, version)))
+        tag = 0 if channel is None else channels.index(channel) + 1
+        row_parts.append((ids, torch.zeros(len(ids)), torch.zeros_like(ids), torch.full_like(ids, version),
+                          torch.full_like(ids, tag)))
         used[i] += len(ids)
 
     def _assemble(self, prompt_ids, prompt_mask, parts, truncated, env_reward, info, turns, stop) -> Samples:
         n, pad = len(parts), self.tokenizer.pad_token_id
         rows = [[torch.cat([p[k] for p in ps]) if ps else torch.zeros(0, dtype=torch.long if k != 1 else torch.float)
-                 for k in range(4)] for ps in parts]
+                 for k in range(5)] for ps in parts]
         width = max(1, max(len(r[0]) for r in rows))
         ids = torch.full((n, width), pad, dtype=torch.long)
         logps, loss, versions, mask = torch.zeros(n, width), torch.zeros_like(ids), torch.zeros_like(ids), \
             torch.zeros_like(ids)
-        for i, (t, lp, lm, v) in enumerate(rows):
+        channel = torch.zeros_like(ids)
+        for i, (t, lp, lm, v, ch) in enumerate(rows):
             m = len(t)
-            ids[i, :m], logps[i, :m], loss[i, :m], versions[i, :m], mask[i, :m] = t, lp, lm, v, 1
+            ids[i, :m], logps[i, :m], loss[i, :m], versions[i, :m], mask[i, :m], channel[i, :m] = t, lp, lm, v, 1, ch
         texts = [self.tokenizer.decode(r[0], skip_special_tokens=True) for r in rows]
         if stop:
             texts = [cut_at_stop(t, stop) for t in texts]
@@ -193,7 +200,7 @@ class EpisodeRollout:
         return Samples(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=ids, completion_mask=mask,
                        sample_logprobs=logps * loss, truncated=torch.tensor(truncated), texts=texts,
                        token_versions=versions if self._refreshed else None, loss_mask=loss,
-                       env_rewards=torch.tensor(env_reward))
+                       env_rewards=torch.tensor(env_reward), env_channels=channel if self.env_cls.channels else None)
 
     def metrics(self) -> dict[str, float]:
         sums, episodes = self._sums, self._episodes
