@@ -126,12 +126,9 @@ def merging_tokenizer():
     return tok
 
 
-def test_the_trained_ids_are_the_sampled_ids_with_a_tokenizer_that_merges_across_turns(monkeypatch):
-    tok = merging_tokenizer()
-    assert len(tok("xy", add_special_tokens=False)["input_ids"]) == 1  # "x" + "y" is one token
-    pol = HFPolicy(new_tiny_model(TinySpec(**MINI_TINY), len(tok), tok.pad_token_id, tok.bos_token_id,
-                                  tok.eos_token_id), tok)
-    drawn = []  # (context ids, the tokens the sampler drew after it), for every row of every call
+def spy_on_sampling(monkeypatch) -> list:
+    """Record (context ids, drawn tokens) for every row of every turn the episode sampler samples."""
+    drawn = []
     real = episodes.sample_completions
 
     def spy(model, tokenizer, ids, mask, *args, **kwargs):
@@ -141,17 +138,22 @@ def test_the_trained_ids_are_the_sampled_ids_with_a_tokenizer_that_merges_across
         return out
 
     monkeypatch.setattr(episodes, "sample_completions", spy)
-    r = mini_recipe(env={"name": "echo_xy_test"}, rollout={"max_new_tokens": 6, "max_turns": 4})
-    ep = EpisodeRollout(pol, r)
-    s = sample_problems(ep, [Problem("z", "")] * 4, 4, 6, 1.0, torch.Generator().manual_seed(0))
+    return drawn
+
+
+def assert_trained_ids_were_sampled(policy, s, drawn, atol=1e-4) -> dict[str, int]:
+    """Every run of model tokens in the episodes ``s`` is what the sampler drew after exactly the
+    ids before it; teacher-forced log-probs of the batch equal the sampling log-probs there; EOS
+    only ends a row. Returns how many rows re-tokenising would have changed, and the turns seen."""
+    tok = policy.tokenizer
     merged = turns = 0
     for i in range(len(s.texts)):
         m = int(s.completion_mask[i].sum())
         prompt = s.prompt_ids[i][s.prompt_mask[i].bool()].tolist()
         ids, loss = s.completion_ids[i, :m].tolist(), s.loss_mask[i, :m].tolist()
+        assert tok.eos_token_id not in ids[:-1] and not s.completion_mask[i, m:].any()
         retokenised = tok(tok.decode(ids, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
         merged += retokenised != [t for t in ids if t != tok.eos_token_id]
-        # Each run of model tokens is what the sampler drew after exactly the ids before it.
         t = 0
         while t < m:
             if not loss[t]:
@@ -161,13 +163,24 @@ def test_the_trained_ids_are_the_sampled_ids_with_a_tokenizer_that_merges_across
             assert ids[t:end] in [d[:end - t] for ctx, d in drawn if ctx == prompt + ids[:t]]
             turns += 1
             t = end
-    assert merged > 0, "no episode crossed a merging boundary: the test would not see re-tokenisation"
-    assert turns > len(s.texts)  # some episodes had several turns
-    # Teacher-forced log-probs of the batch's ids are the sampling log-probs: the ids trained on are the ones sampled.
-    pol.model.eval()
+    policy.model.eval()
     with torch.no_grad():
-        lp = pol.completion_logprobs(s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)[0]
-    torch.testing.assert_close(lp * s.loss_mask, s.sample_logprobs, atol=1e-4, rtol=1e-4)
+        lp = policy.completion_logprobs(s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)[0]
+    torch.testing.assert_close(lp * s.loss_mask, s.sample_logprobs, atol=atol, rtol=atol)
+    return {"merged": merged, "turns": turns}
+
+
+def test_the_trained_ids_are_the_sampled_ids_with_a_tokenizer_that_merges_across_turns(monkeypatch):
+    tok = merging_tokenizer()
+    assert len(tok("xy", add_special_tokens=False)["input_ids"]) == 1  # "x" + "y" is one token
+    pol = HFPolicy(new_tiny_model(TinySpec(**MINI_TINY), len(tok), tok.pad_token_id, tok.bos_token_id,
+                                  tok.eos_token_id), tok)
+    drawn = spy_on_sampling(monkeypatch)
+    ep = EpisodeRollout(pol, mini_recipe(env={"name": "echo_xy_test"}, rollout={"max_new_tokens": 6, "max_turns": 4}))
+    s = sample_problems(ep, [Problem("z", "")] * 4, 4, 6, 1.0, torch.Generator().manual_seed(0))
+    seen = assert_trained_ids_were_sampled(pol, s, drawn)
+    assert seen["merged"] > 0, "no episode crossed a merging boundary: the test would not see re-tokenisation"
+    assert seen["turns"] > len(s.texts)  # some episodes had several turns
 
 
 # -- the calculator --------------------------------------------------------------------------

@@ -56,3 +56,37 @@ def test_smollm2_every_masked_token_was_sampled(decoder):
                       stop=task.stop_strings)
     ends = assert_every_masked_token_was_sampled(policy, s, task.stop_strings, atol=1e-4)
     assert ends["stop"] > 0 and ends["budget"] > 0, ends
+
+
+def test_smollm2_episodes_train_on_the_sampled_ids():
+    """Multi-turn episodes on the real BPE tokenizer (pad == EOS): an environment answers every
+    line; the model's tokens in the batch are the sampled ones, never re-tokenised."""
+    pytest.importorskip("gguf", reason="needs the smollm2 extra")
+    from helpers import mini_recipe
+    from reasonrl.envs.base import Environment, Step
+    from reasonrl.registry import ENVIRONMENTS
+    from reasonrl.rollout.episodes import EpisodeRollout, sample_problems
+    from reasonrl.tasks.base import Problem
+
+    from test_episodes import assert_trained_ids_were_sampled, spy_on_sampling
+
+    class Notes(Environment):
+        stop = ("\n",)
+
+        def step(self, action):
+            return Step(observation="Note: keep going.\n") if action.endswith("\n") else Step(done=True)
+
+    ENVIRONMENTS.register("smollm2_notes_test")(Notes)
+    policy = load_hf_policy("smollm2-135m")
+    assert policy.tokenizer.pad_token_id == policy.tokenizer.eos_token_id
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        drawn = spy_on_sampling(monkeypatch)
+        ep = EpisodeRollout(policy, mini_recipe(env={"name": "smollm2_notes_test"},
+                                                rollout={"max_new_tokens": 10, "max_turns": 3}))
+        s = sample_problems(ep, [Problem("List three fruits, one per line.\n", "")] * 2, 2, 10, 1.0,
+                            torch.Generator().manual_seed(0))
+    finally:
+        monkeypatch.undo()
+    seen = assert_trained_ids_were_sampled(policy, s, drawn, atol=1e-3)
+    assert seen["turns"] > len(s.texts)
