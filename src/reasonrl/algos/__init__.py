@@ -13,3 +13,4 @@ from reasonrl.algos import offpolicy  # noqa: F401  (registers OFF_POLICY correc
 from reasonrl.algos import critic  # noqa: F401  (registers the "gae" advantage)
 from reasonrl.algos import copc  # noqa: F401  (registers the "copc" advantage)
 from reasonrl.algos import trajectory  # noqa: F401  (registers "tic_grpo" and "gmc_grpo" policy losses)
+from reasonrl.algos import fsg  # noqa: F401  (registers the "fsg_span" advantage)
