@@ -25,6 +25,9 @@ def test_recipe_runs(path, tmp_path):
     overrides = [f"model.tiny.{k}={v}" for k, v in MINI_TINY.items()]
     if load_recipe(path).teacher is not None:  # a mini teacher too, not the 1500-step one
         overrides += [f"teacher.model.tiny.{k}={v}" for k, v in MINI_TINY.items()]
+    env = load_recipe(path).env
+    if env is not None and env.name == "advisor" and env.params.get("advisor", "tiny") == "tiny":
+        overrides += [f"env.advisor_params.tiny.{k}={v}" for k, v in MINI_TINY.items()]  # a mini advisor too
     overrides += ["train.steps=2", "train.prompts_per_step=4", "eval.size=8", "log.plots=false",
                   "log.progress=false", "rollout.max_sampling_rounds=1"]
     recipe = load_recipe(path, overrides)

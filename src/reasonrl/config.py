@@ -268,6 +268,12 @@ def _check_semantics(r: Recipe, where: str) -> None:
     advantage = _registered(registry.ADVANTAGES, r.advantage.name, where, "advantage.name")
     if hasattr(advantage, "check_recipe"):
         advantage.check_recipe(r, lambda cond, msg: need(cond, where, msg))
+    # A method whose meaning depends on other sections (an env with channels) says so with ``check``.
+    from reasonrl.methods.base import method_specs
+
+    for name, cls, config in method_specs(r):
+        if hasattr(cls, "check"):  # a user's method class need not derive from Method
+            cls.check(r, lambda cond, msg, name=name: need(cond, where, f"method '{name}': {msg}"), config)
     from reasonrl.dataflow import check_data_flow
 
     check_data_flow(r, where)

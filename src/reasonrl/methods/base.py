@@ -7,6 +7,8 @@ method; it calls these hooks, in this order, every step::
 
     sample → score → select → [annotate] → advantages → update policy → [after_update] → metrics
 
+- ``check(recipe, need, config)`` (a classmethod): when the recipe loads, rules that depend on
+  other sections (``need(cond, message)`` fails the load with a ConfigError).
 - ``setup(ctx)``: once, before training (or resuming): build models and learners. ``ctx`` has
   the recipe, the policy, the run folder, a log function and ``ctx.learner(params, optim)``,
   which gives the method the same optimisation loop the policy uses.
@@ -64,6 +66,12 @@ class Method:
         """``{"annotate": (produces, consumes), "after_update": (produces, consumes)}`` for this
         configuration: the ``batch.aux`` keys each hook writes and reads."""
         return {}
+
+    @classmethod
+    def check(cls, recipe: Any, need: Callable[[bool, str], None], config: Any) -> None:
+        """Recipe rules of this method that depend on other sections (e.g. an ``env`` with two
+        channels), called when the recipe loads: ``need(cond, message)`` makes a ConfigError of
+        a failed rule. ``config`` is what the constructor gets (section object or parameters)."""
 
     def setup(self, ctx: MethodContext) -> None:
         pass
