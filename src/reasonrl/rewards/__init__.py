@@ -35,3 +35,5 @@ from reasonrl.rewards import reasoning_gym  # noqa: F401  (registers "reasoning_
 from reasonrl.rewards import coverage  # noqa: F401  (registers "coverage" and "label_hit")
 from reasonrl.rewards import arithmetic_steps  # noqa: F401  (registers the "arithmetic_steps" token reward)
 from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_tests"; runs code in rewards.sandbox)
+from reasonrl.rewards import fsg_parse  # noqa: F401  (registers FSG-RL's "fsg_answer" and "fsg_format")
+from reasonrl.rewards import fsg_exec  # noqa: F401  (registers "fsg_full_success"; runs code in rewards.sandbox)
