@@ -1,4 +1,6 @@
-"""Simulated partial rollouts (``rollout.simulated_partial: j``) and the prefix checks (``PREFIX_CHECKS``).
+"""Partial rollouts' weight switches: the prefix checks (``PREFIX_CHECKS``), the switching code both
+modes share (``PrefixSwitches``; the async source's real partial rollouts use it through
+``reasonrl.rollout.inflight``), and the simulated mode (``rollout.simulated_partial: j``).
 
 A deterministic stand-in for a weight update arriving mid-generation (the async source's
 partial rollouts, made reproducible): with ``rollout.simulated_staleness: k`` each completion's
