@@ -108,11 +108,9 @@ def group_normalize(values: Tensor, group_ids: Tensor) -> Tensor:
     v = values.double()
     inverse, num_groups = group_inverse(group_ids)
     count = group_sum(torch.ones(len(v), dtype=torch.float64, device=v.device), inverse, num_groups)
-    shape = (-1,) + (1,) * (v.dim() - 1)
-    mean = torch.zeros((num_groups, *v.shape[1:]), dtype=v.dtype, device=v.device).index_add_(0, inverse, v)
-    mean = (mean / count.view(shape))[inverse]
-    var = torch.zeros_like(mean[:num_groups]).index_add_(0, inverse, (v - mean).square()) / count.view(shape)
-    std = var.sqrt()[inverse]
+    count = count.view((-1,) + (1,) * (v.dim() - 1))
+    mean = (group_sum(v, inverse, num_groups) / count)[inverse]
+    std = (group_sum((v - mean).square(), inverse, num_groups) / count).sqrt()[inverse]
     return torch.where(std >= STD_FLOOR, (v - mean) / std.clamp_min(STD_FLOOR), 0.0).to(values.dtype)
 
 

@@ -133,7 +133,8 @@ def _check_values(values: Tensor, group_ids: Tensor) -> Tensor:
 def group_sum(values: Tensor, inverse: Tensor, num_groups: int) -> Tensor:
     """Σ of ``values`` over each dense group index of ``inverse`` (from :func:`group_inverse`),
     shaped [num_groups, ...]."""
-    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, values)
+    return torch.zeros((num_groups, *values.shape[1:]), dtype=values.dtype, device=values.device).index_add_(
+        0, inverse, values)
 
 
 def group_stats(values: Tensor, group_ids: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

@@ -41,10 +41,11 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.methods.base import Method, MethodContext
 from reasonrl.params import Range
 from reasonrl.registry import ENVIRONMENTS, METHODS
+from reasonrl.rollout.episodes import ENV_CHANNEL_KEY
 
 __all__ = ["NecessityReward", "CHANNEL_KEY"]
 
-CHANNEL_KEY = "env_channel"  # written by the episode sampler, not by a declared stage
+CHANNEL_KEY = ENV_CHANNEL_KEY  # written by the episode sampler, not by a declared stage
 DEFAULT_CORRECT = "exact_answer"
 
 

@@ -67,6 +67,17 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def right_pad(rows: list[Tensor], pad: float = 0) -> tuple[Tensor, Tensor]:
+    """Per-token rows of different lengths as a right-padded ``[R, W]`` batch (W ≥ 1, the rows'
+    dtype, ``pad`` after each row) and its mask: how completions are laid out."""
+    width = max(1, max(len(r) for r in rows))
+    out = torch.full((len(rows), width), pad, dtype=rows[0].dtype, device=rows[0].device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=rows[0].device)
+    for i, r in enumerate(rows):
+        out[i, :len(r)], mask[i, :len(r)] = r, 1
+    return out, mask
+
+
 def left_pad(rows: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
     """Token rows of different lengths as a left-padded ``[R, W]`` batch and its mask (how the
     sampler takes prompts, so a prompt + prefix row continues where it ends)."""

@@ -18,7 +18,7 @@ from reasonrl.config import Recipe
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.scorer import Scorer
-from reasonrl.rollout.episodes import sample_problems
+from reasonrl.rollout.episodes import ENV_CHANNEL_KEY, sample_problems
 from reasonrl.rollout.samplers import PromptSampler
 from reasonrl.tasks.base import Problem, Task
 
@@ -89,7 +89,7 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
         token_versions=token_versions,
         loss_mask=loss_mask,
         meta=meta,
-        aux={"env_channel": samples.env_channels} if getattr(samples, "env_channels", None) is not None else {},
+        aux={ENV_CHANNEL_KEY: samples.env_channels} if getattr(samples, "env_channels", None) is not None else {},
     )
     return batch, scores.failures
 

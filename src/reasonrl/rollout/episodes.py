@@ -33,10 +33,13 @@ from typing import Callable
 
 import torch
 
-from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, sample_completions
+from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, right_pad, sample_completions
 from reasonrl.registry import ENVIRONMENTS
 
-__all__ = ["EpisodeRollout", "check_episodes", "episode_budget", "rollout_sampler", "sample_problems"]
+# batch.aux key of the per-token environment channel (Environment.channels index + 1; 0 elsewhere).
+ENV_CHANNEL_KEY = "env_channel"
+
+__all__ = ["ENV_CHANNEL_KEY", "EpisodeRollout", "check_episodes", "episode_budget", "rollout_sampler", "sample_problems"]
 
 
 def sample_problems(sampler, problems, num_generations: int, max_new_tokens: int, temperature: float,
@@ -173,17 +176,11 @@ class EpisodeRollout:
         used[i] += len(ids)
 
     def _assemble(self, prompt_ids, prompt_mask, parts, truncated, env_reward, info, turns, stop) -> Samples:
-        n, pad = len(parts), self.tokenizer.pad_token_id
+        n = len(parts)
         rows = [[torch.cat([p[k] for p in ps]) if ps else torch.zeros(0, dtype=torch.long if k != 1 else torch.float)
                  for k in range(5)] for ps in parts]
-        width = max(1, max(len(r[0]) for r in rows))
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        logps, loss, versions, mask = torch.zeros(n, width), torch.zeros_like(ids), torch.zeros_like(ids), \
-            torch.zeros_like(ids)
-        channel = torch.zeros_like(ids)
-        for i, (t, lp, lm, v, ch) in enumerate(rows):
-            m = len(t)
-            ids[i, :m], logps[i, :m], loss[i, :m], versions[i, :m], mask[i, :m], channel[i, :m] = t, lp, lm, v, 1, ch
+        ids, mask = right_pad([r[0] for r in rows], self.tokenizer.pad_token_id)
+        logps, loss, versions, channel = (right_pad([r[k] for r in rows])[0] for k in range(1, 5))
         texts = [self.tokenizer.decode(r[0], skip_special_tokens=True) for r in rows]
         if stop:
             texts = [cut_at_stop(t, stop) for t in texts]

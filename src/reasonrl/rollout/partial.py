@@ -40,7 +40,7 @@ from torch import Tensor
 from reasonrl.algos.rollverify import (TAU_SEQ, TAU_TOK, ops, speculative_verify, truncate_deterministic,
                                        verification_metrics, verify_sequences)
 from reasonrl.params import Range
-from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, sample_completions
+from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, right_pad, sample_completions
 from reasonrl.registry import PREFIX_CHECKS
 
 __all__ = ["PrefixDecision", "PartialRollout", "check_partial", "keep", "discard", "rollverify_sequence",
@@ -226,12 +226,8 @@ class PrefixSwitches:
                 truncated[i] = False
             text = self.tokenizer.decode(rows[i][0], skip_special_tokens=True)
             texts[i] = cut_at_stop(text, stop) if stop else text
-        n, dev, pad = len(rows), first.completion_ids.device, self.tokenizer.pad_token_id
-        width = max(1, max(len(r[0]) for r in rows))
-        ids = torch.full((n, width), pad, dtype=torch.long, device=dev)
-        logps, versions, mask = torch.zeros(n, width, device=dev), torch.zeros_like(ids), torch.zeros_like(ids)
-        for i, (t, lp, v) in enumerate(rows):
-            ids[i, :len(t)], logps[i, :len(t)], versions[i, :len(t)], mask[i, :len(t)] = t, lp, v, 1
+        ids, mask = right_pad([r[0] for r in rows], self.tokenizer.pad_token_id)
+        logps, versions = (right_pad([r[k] for r in rows])[0] for k in (1, 2))
         return Samples(prompt_ids=first.prompt_ids, prompt_mask=first.prompt_mask, completion_ids=ids,
                        completion_mask=mask, sample_logprobs=logps, truncated=truncated, texts=texts,
                        token_versions=versions)
