@@ -1,19 +1,23 @@
 """Problem-level routing baselines for the advisor method (docs/methods/advisor.md).
 
 On the held-out problems of the advisor recipe's task, each baseline gives (accuracy, advisor
-calls per problem), and its stage-1 reward accuracy − cost × calls at the recipe's ``env.cost``:
+calls per problem), and its stage-1 reward accuracy − cost × calls:
 
 - never call: the student alone (greedy, the query mark ``{`` banned);
 - always call: the advisor answers every whole problem (its value, as the environment gives it);
-- oracle routing: call exactly on the problems the student gets wrong alone;
+- oracle routing: call exactly on the problems the student gets wrong alone and the advisor
+  gets right, when the cost is below 1 (the best problem-level router at that cost);
 - learned routing: logistic regression (numpy) on cheap prompt features and the student's own
   confidence (mean log-prob of its lone greedy answer), fit on training problems, its threshold
   chosen there for the best reward at the recipe's cost; then applied to the held-out set;
 - the student in the environment (greedy episodes, asking when it likes), as warmed up, and
   the trained policy of ``--run DIR`` (its ``final_model`` with its ``recipe.json``).
 
-    .venv/bin/python benchmarks/advisor_routing.py [--recipe recipes/advisor.yaml] [--run runs/advisor]
-        [--size 200] [--train-size 400] [--json routing.json] [--set key=value ...] [--mini]
+    .venv/bin/python benchmarks/advisor_routing.py [--recipe recipes/advisor.yaml] [--run RUN ...]
+        [--cost C ...] [--size 200] [--train-size 400] [--json routing.json] [--set key=value ...] [--mini]
+
+Routers are chosen and scored at each ``--cost`` (default the recipe's ``env.cost``); each
+``--run`` is scored at the cost its own recipe trained with.
 
 The first run builds the recipe's student and advisor models (cached afterwards; a few minutes
 on 2 cores). ``--mini`` swaps both for the tests' mini models: a smoke run in seconds, numbers
@@ -169,11 +173,14 @@ def load_student(recipe):
     return build_policy(recipe.model, trainable=False)
 
 
-def run(recipe, size: int, train_size: int, run_dir: str | None = None, log=print) -> dict:
+def run(recipe, size: int, train_size: int, run_dirs: list[str] = (), costs: list[float] | None = None,
+        log=print) -> dict:
+    """The table: one row per (policy, cost). Routers are chosen and scored at each of ``costs``
+    (default: the recipe's ``env.cost``); a trained run is scored at its own recipe's cost."""
     env = recipe.env
     if env is None or env.name != "advisor":
         raise SystemExit(f"the recipe's env must be the advisor environment, got {env}")
-    cost = float(env.params.get("cost", 0.1))
+    costs = list(costs) if costs else [float(env.params.get("cost", 0.1))]
     task = build_task(recipe)
     held_out, train = task.eval_problems(size), task.train_problems(0, train_size, recipe.train.seed + 7919)
     advisor = get_advisor(env.params.get("advisor", "tiny"), env.params.get("advisor_params", {}))
@@ -187,37 +194,47 @@ def run(recipe, size: int, train_size: int, run_dir: str | None = None, log=prin
     log("the advisor on every whole problem ...")
     tr_adv, ho_adv = np.array(advisor_alone(advisor, train)), np.array(advisor_alone(advisor, held_out))
     router = LogisticRouter().fit(features(train, tr_conf), (~tr_alone).astype(float))
-    threshold = router.choose_threshold(features(train, tr_conf), tr_alone, tr_adv, cost)
-    rows = {
-        "never call (student alone)": route_point(ho_alone, ho_adv, np.zeros(len(held_out), bool)),
-        "always call (advisor answers)": route_point(ho_alone, ho_adv, np.ones(len(held_out), bool)),
-        "oracle routing": route_point(ho_alone, ho_adv, ~ho_alone),
-        f"learned routing (logistic, p>={threshold:.2f})": route_point(
-            ho_alone, ho_adv, router.prob(features(held_out, ho_conf)) >= threshold),
-    }
+    rows = []
+
+    def add(policy, cost, point, over=None):
+        acc, calls = point
+        rows.append({"policy": policy, "cost": cost, "accuracy": acc, "calls": calls, "reward": acc - cost * calls,
+                     **({"over_budget": over} if over is not None else {})})
+
     log("the student in the advisor environment (greedy episodes) ...")
-    acc, calls, over = episode_point(student, recipe, held_out)
-    rows["student + advisor env (warm-up, untrained)"] = (acc, calls)
-    overs = {"student + advisor env (warm-up, untrained)": over}
-    if run_dir is not None:
+    untrained = episode_point(student, recipe, held_out)
+    thresholds = {}
+    for cost in costs:
+        add("never call (student alone)", cost, route_point(ho_alone, ho_adv, np.zeros(len(held_out), bool)))
+        add("always call (advisor answers)", cost, route_point(ho_alone, ho_adv, np.ones(len(held_out), bool)))
+        # The best any problem-level router can do: call exactly where the student alone is wrong
+        # and the advisor is right, as long as a right answer is worth the call (cost < 1).
+        add("oracle routing", cost, route_point(ho_alone, ho_adv, ~ho_alone & ho_adv & (cost < 1)))
+        thresholds[cost] = router.choose_threshold(features(train, tr_conf), tr_alone, tr_adv, cost)
+        add("learned routing (logistic)", cost,
+            route_point(ho_alone, ho_adv, router.prob(features(held_out, ho_conf)) >= thresholds[cost]))
+        add("student + advisor env (warm-up, untrained)", cost, untrained[:2], untrained[2])
+    for run_dir in run_dirs:
         from reasonrl.policy.loading import load_hf_policy
 
         run_recipe = recipe_from_dict(json.loads((Path(run_dir) / "recipe.json").read_text()), f"{run_dir}/recipe.json")
-        trained = load_hf_policy(Path(run_dir) / "final_model")
-        name = f"trained policy ({run_dir})"
-        acc, calls, over = episode_point(trained, run_recipe, held_out)
-        rows[name], overs[name] = (acc, calls), over
-    return {"cost": cost, "held_out": len(held_out), "train": len(train),
-            "router": {"threshold": threshold, "weights": router.w.tolist()},
-            "rows": {k: {"accuracy": a, "calls": c, "reward": a - cost * c, **({"over_budget": overs[k]} if k in overs else {})}
-                     for k, (a, c) in rows.items()}}
+        log(f"the trained policy of {run_dir} (greedy episodes) ...")
+        acc, calls, over = episode_point(load_hf_policy(Path(run_dir) / "final_model"), run_recipe, held_out)
+        add(f"trained policy ({run_dir})", float(run_recipe.env.params.get("cost", 0.1)), (acc, calls), over)
+    return {"costs": costs, "held_out": len(held_out), "train": len(train),
+            "advisor_accuracy": float(ho_adv.mean()), "student_accuracy": float(ho_alone.mean()),
+            "router": {"thresholds": {str(c): t for c, t in thresholds.items()}, "weights": router.w.tolist()},
+            "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "advisor.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override")
-    ap.add_argument("--run", default=None, help="a run folder of the recipe: its trained policy's point")
+    ap.add_argument("--run", action="append", default=[],
+                    help="a run folder of the recipe: its trained policy's point (repeatable)")
+    ap.add_argument("--cost", action="append", type=float, default=[],
+                    help="a per-call cost to choose and score the routers at (repeatable; default the recipe's)")
     ap.add_argument("--size", type=int, default=200, help="held-out problems")
     ap.add_argument("--train-size", type=int, default=400, help="training problems the learned router is fit on")
     ap.add_argument("--json", default=None, help="write the table here")
@@ -231,11 +248,13 @@ def main(argv: list[str] | None = None) -> int:
         if load_recipe(args.recipe).env.params.get("advisor", "tiny") == "tiny":
             overrides = [f"env.advisor_params.tiny.{k}={v}" for k, v in MINI.items()] + overrides
     recipe = load_recipe(args.recipe, overrides)
-    result = run(recipe, args.size, args.train_size, args.run, log=lambda m: print(m, file=sys.stderr, flush=True))
-    width = max(len(k) for k in result["rows"])
-    print(f"{'held-out ' + str(result['held_out']):<{width}}  accuracy  calls/problem  reward (cost {result['cost']:g})")
-    for name, row in result["rows"].items():
-        print(f"{name:<{width}}  {row['accuracy']:8.3f}  {row['calls']:13.3f}  {row['reward']:8.3f}")
+    result = run(recipe, args.size, args.train_size, args.run, args.cost,
+                 log=lambda m: print(m, file=sys.stderr, flush=True))
+    width = max(len(r["policy"]) for r in result["rows"])
+    print(f"{'held-out ' + str(result['held_out']):<{width}}  cost  accuracy  calls/problem  reward")
+    for row in result["rows"]:
+        print(f"{row['policy']:<{width}}  {row['cost']:4g}  {row['accuracy']:8.3f}  {row['calls']:13.3f}  "
+              f"{row['reward']:6.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

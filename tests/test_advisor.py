@@ -392,7 +392,8 @@ def test_routing_points_by_hand(routing):
     adv = [True, False, True, False]
     assert routing.route_point(alone, adv, [False] * 4) == (0.5, 0.0)
     assert routing.route_point(alone, adv, [True] * 4) == (0.5, 1.0)
-    assert routing.route_point(alone, adv, [not a for a in alone]) == (0.75, 0.5)  # the oracle
+    assert routing.route_point(alone, adv, [not a for a in alone]) == (0.75, 0.5)
+    assert routing.route_point(alone, adv, [not a and b for a, b in zip(alone, adv)]) == (0.75, 0.25)  # the oracle
     x = np.array([[0.0], [0.1], [0.9], [1.0]] * 10)
     router = routing.LogisticRouter().fit(x, np.array([0.0, 0.0, 1.0, 1.0] * 10))
     assert (router.prob(x[:4]) > 0.5).tolist() == [False, False, True, True]
@@ -402,11 +403,18 @@ def test_routing_points_by_hand(routing):
 
 
 def test_the_routing_benchmark_runs_on_mini_models(routing, tmp_path, capsys):
-    assert routing.main(["--mini", "--size", "12", "--train-size", "24", "--threads", "1",
-                         "--json", str(tmp_path / "r.json")]) == 0
-    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
-    never, always, oracle = (rows[k] for k in ("never call (student alone)", "always call (advisor answers)",
-                                               "oracle routing"))
-    assert never["calls"] == 0 and always["calls"] == 1
-    assert oracle["accuracy"] >= max(never["accuracy"], always["accuracy"])
+    assert routing.main(["--mini", "--size", "12", "--train-size", "24", "--threads", "1", "--cost", "0.1",
+                         "--cost", "2", "--json", str(tmp_path / "r.json")]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["costs"] == [0.1, 2.0] and len(result["rows"]) == 10
+    for cost in (0.1, 2.0):
+        rows = {r["policy"]: r for r in result["rows"] if r["cost"] == cost}
+        never, always, oracle, learned = (rows[k] for k in ("never call (student alone)", "always call (advisor answers)",
+                                                             "oracle routing", "learned routing (logistic)"))
+        assert never["calls"] == 0 and always["calls"] == 1
+        assert oracle["accuracy"] >= max(never["accuracy"], always["accuracy"]) and oracle["calls"] <= always["calls"]
+        assert oracle["reward"] >= max(never["reward"], always["reward"], learned["reward"])
+        if cost >= 1:
+            assert oracle["calls"] == 0  # a call never pays at cost >= 1
+        assert all(r["reward"] == pytest.approx(r["accuracy"] - cost * r["calls"]) for r in rows.values())
     assert "learned routing" in capsys.readouterr().out

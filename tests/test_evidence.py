@@ -140,6 +140,37 @@ def test_the_task_is_deterministic_and_its_splits_are_disjoint():
         EvidenceSeekTask(skip_fraction=2)
 
 
+def test_hints_are_noisy_priors_in_the_prompt_and_the_warm_ups_shortcut():
+    plain, hinted = EvidenceSeekTask(), EvidenceSeekTask(hint_accuracy=0.8)
+    problems = hinted.train_problems(0, 2000, 1)
+    right = []
+    for p in problems:
+        m = p.meta
+        a_i, b_j = m["a"][m["i"]], m["b"][m["j"]]
+        assert p.prompt == f"A{m['i']}={m['hints'][0]}+B{m['j']}={m['hints'][1]};"
+        assert p.answer == str(int(a_i) + int(b_j)) and set(p.prompt) <= set(hinted.alphabet)
+        right += [m["hints"][0] == a_i, m["hints"][1] == b_j]
+    assert 0.77 < sum(right) / len(right) < 0.83  # each hint is the item with probability 0.8
+    # Hint-free problems are exactly what they were without the parameter (no hint drawn).
+    assert all("hints" not in p.meta and p.prompt == f"A{p.meta['i']}+B{p.meta['j']};"
+               for p in plain.train_problems(0, 20, 1) + plain.eval_problems(20))
+    assert all(p.meta["hints"] == p.meta["a"][p.meta["i"]] + p.meta["b"][p.meta["j"]]
+               for p in EvidenceSeekTask(hint_accuracy=1.0).train_problems(0, 50, 1))
+    assert all(h[0] != p.meta["a"][p.meta["i"]] and h[1] != p.meta["b"][p.meta["j"]]
+               for p in EvidenceSeekTask(hint_accuracy=0.0).train_problems(0, 50, 1) for h in [p.meta["hints"]])
+    # The warm-up's skipped stream takes its hint: the text-only shortcut.
+    skipped = 0
+    for p in EvidenceSeekTask(hint_accuracy=0.5, skip_fraction=1.0).warmup_problems(0, 200, 0):
+        final, called = replay(p, p.solution)
+        x, y = (int(v) for v in final.split("=")[0].split("+"))
+        assert len(called) == 1
+        assert (x, y)[1 - "ab".index(called[0])] == int(p.meta["hints"][1 - "ab".index(called[0])])
+        skipped += 1
+    assert skipped == 200
+    with pytest.raises(ValueError, match="hint_accuracy"):
+        EvidenceSeekTask(hint_accuracy=1.5)
+
+
 # -- the tool-use reward ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("completion, score", [
@@ -317,8 +348,8 @@ def seeker(model, tokenizer, ids, mask, g, max_new_tokens, *args, **kwargs):
     rows = []
     for r, (row, m) in enumerate(zip(ids, mask)):
         text = tokenizer.decode(row[m.bool()], skip_special_tokens=True)
-        i, j = (int(v) for v in text.split(";")[0][1:].split("+B"))
-        seen = [int(v) for v in re.findall(r"=(\d)\d*;", text)]
+        i, j = (int(v) for v in re.match(r"A(\d+)(?:=\d)?\+B(\d+)", text).groups())  # with or without hints
+        seen = [int(v) for v in re.findall(r"\]=(\d)\d*;", text)]
         calls = text.count("]")
         turn = f"A{i}-{i}]" if calls == 0 else f"B{j}-{j}]" if calls == 1 else \
             f"{seen[0]}+{seen[1]}={sum(seen) + r % 2};####{sum(seen) + r % 2}"

@@ -28,6 +28,13 @@ calls only one stream and writes a guessed digit for the other (a self-consisten
 wrong): supervised learning copies the habit of answering without the evidence, and only a
 reward on the answer (or on tool use, or on necessity) removes it, as the arithmetic task's
 bracket mistake does.
+
+Hints (``hint_accuracy`` p, off by default): the prompt also carries a noisy prior for each asked
+item, ``A13=4+B7=5;``: each hint is the true item with probability p, else another digit. That is
+the text-only shortcut OmniSeek's necessity reward is aimed at: answering from the hints alone is
+right with probability p², calling one stream and trusting the other's hint with p, and only
+calling both is always right. The warm-up's skipped stream then takes its hint (the shortcut)
+instead of a blind guess.
 """
 
 from __future__ import annotations
@@ -132,6 +139,7 @@ class EvidenceSeekTask:
     eval_fraction: float = 0.1
     skip_fraction: Annotated[float, Range(ge=0, le=1)] = 0.6
     max_window: Annotated[int, Range(ge=1)] = 3
+    hint_accuracy: Annotated[float | None, Range(ge=0, le=1)] = None
     name: str = "evidence_seek"
     alphabet = ARITHMETIC_CHARS + "AB" + CLOSE
 
@@ -140,6 +148,8 @@ class EvidenceSeekTask:
             raise ValueError(f"task.eval_fraction must be in (0, 1), got {self.eval_fraction}")
         if not 0.0 <= self.skip_fraction <= 1.0:
             raise ValueError(f"task.skip_fraction must be in [0, 1], got {self.skip_fraction}")
+        if self.hint_accuracy is not None and not 0.0 <= self.hint_accuracy <= 1.0:
+            raise ValueError(f"task.hint_accuracy must be in [0, 1] (or null for no hints), got {self.hint_accuracy}")
         if self.max_window < 1 or not 2 <= self.length <= 999:
             raise ValueError(f"task.max_window must be >= 1 and task.length in 2..999, got {self.max_window}, "
                              f"{self.length}")
@@ -152,10 +162,22 @@ class EvidenceSeekTask:
             i, j = rng.randrange(self.length), rng.randrange(self.length)
             if in_eval_split(f"{a}|{b}|{i}|{j}", self.eval_fraction) == held_out:
                 break
-        return Problem(prompt=f"A{i}+B{j};", answer=str(int(a[i]) + int(b[j])),
+        meta = {"a": a, "b": b, "i": i, "j": j}
+        prompt = f"A{i}+B{j};"
+        if self.hint_accuracy is not None:  # drawn only with hints, so the hint-free problems never change
+            meta["hints"] = self._hint(rng, a[i]) + self._hint(rng, b[j])
+            prompt = f"A{i}={meta['hints'][0]}+B{j}={meta['hints'][1]};"
+        return Problem(prompt=prompt, answer=str(int(a[i]) + int(b[j])),
                        solution=f"A{i}-{i}]={a[i]};B{j}-{j}]={b[j]};{a[i]}+{b[j]}={int(a[i]) + int(b[j])};"
                                 f"####{int(a[i]) + int(b[j])}",
-                       meta={"a": a, "b": b, "i": i, "j": j})
+                       meta=meta)
+
+    def _hint(self, rng: random.Random, item: str) -> str:
+        """The prompt's prior for ``item``: the item itself with probability ``hint_accuracy``,
+        else one of the nine other digits uniformly."""
+        if rng.random() < self.hint_accuracy:
+            return item
+        return rng.choice([d for d in "0123456789" if d != item])
 
     def train_problems(self, step: int, count: int, seed: int) -> list[Problem]:
         rng = random.Random(f"evidence:{seed}:{step}")
@@ -179,8 +201,10 @@ class EvidenceSeekTask:
             end = min(start + rng.randrange(self.max_window), self.length - 1)
             parts.append(f"{s}{start}-{end}]={streams[s][start:end + 1]};")
             values[s] = int(streams[s][start])
-        for s in STREAMS:
-            values.setdefault(s, rng.randrange(10))  # the skipped stream: a guess
+        hints = meta.get("hints")
+        for k, s in enumerate(STREAMS):
+            # The skipped stream: its prompt hint (the text-only shortcut) where there is one, else a guess.
+            values.setdefault(s, int(hints[k]) if hints else rng.randrange(10))
         total = values["A"] + values["B"]
         return "".join(parts) + f"{values['A']}+{values['B']}={total};####{total}"
 
