@@ -15,7 +15,8 @@ whose M is not empty (a model token after an observation):
   channel X (``batch.aux["env_channel"] == k``). The masked tokens keep their position ids (taken
   from the unmasked mask), so every other token sits where it sat when sampled; no position
   attends to the masked ones, which is the same as deleting them from the sequence while keeping
-  the positions (tested). A row without tokens of channel X keeps ℓ^{\\X} = ℓ^full (Δ = 0);
+  the positions (tested; the forward is ``methods.channel_mask.masked_logprobs``, shared with
+  ``advice_gain``). A row without tokens of channel X keeps ℓ^{\\X} = ℓ^full (Δ = 0);
 - r_nec = c · min_X nec_X (``algos.necessity.necessity_reward``), c = 1[score > 0.5] of the
   correctness reward ``correct_reward`` (its unweighted score, ``batch.meta["reward/<name>"]``);
 - ``batch.rewards += coef · r_nec``, before the advantages see the rewards.
@@ -39,21 +40,13 @@ import torch
 from reasonrl.algos.necessity import necessity_mask, necessity_reward
 from reasonrl.batch import RolloutBatch
 from reasonrl.methods.base import Method, MethodContext
+from reasonrl.methods.channel_mask import CHANNEL_KEY, env_channels, eval_mode, masked_logprobs
 from reasonrl.params import Range
-from reasonrl.registry import ENVIRONMENTS, METHODS
-from reasonrl.rollout.episodes import ENV_CHANNEL_KEY
+from reasonrl.registry import METHODS
 
-__all__ = ["NecessityReward", "CHANNEL_KEY"]
+__all__ = ["NecessityReward", "CHANNEL_KEY", "env_channels"]
 
-CHANNEL_KEY = ENV_CHANNEL_KEY  # written by the episode sampler, not by a declared stage
 DEFAULT_CORRECT = "exact_answer"
-
-
-def env_channels(recipe: Any) -> tuple[str, ...]:
-    """The channel names of the recipe's environment (() without one)."""
-    if recipe.env is None:
-        return ()
-    return tuple(getattr(ENVIRONMENTS.get(recipe.env.name), "channels", ()) or ())
 
 
 @METHODS.register("necessity_reward")
@@ -88,19 +81,12 @@ class NecessityReward(Method):
 
     def _logprobs(self, batch: RolloutBatch, hidden: Optional[torch.Tensor]) -> torch.Tensor:
         """Log-probs ``[b,T]`` of the completion tokens with the attention keys of the completion
-        positions in ``hidden`` masked (None: none); position ids from the unmasked sequence."""
-        from reasonrl.policy.hf import position_ids_from_mask, token_logprobs_and_entropy
-
-        seen = torch.cat([batch.prompt_mask, batch.completion_mask.to(batch.prompt_mask.dtype)], dim=1)
-        keys = seen
+        positions in ``hidden`` masked (None: none); position ids from the unmasked sequence
+        (``channel_mask.masked_logprobs``)."""
         if hidden is not None:
-            kept = batch.completion_mask.to(seen.dtype) * (~hidden.bool()).to(seen.dtype)
-            keys = torch.cat([batch.prompt_mask, kept], dim=1)
-        ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-        t = batch.completion_ids.shape[1]
-        out = self.policy.model(input_ids=ids, attention_mask=keys, position_ids=position_ids_from_mask(seen),
-                                use_cache=False, logits_to_keep=t + 1)
-        return token_logprobs_and_entropy(out.logits[:, :-1], batch.completion_ids, self.temperature, False)[0]
+            hidden = torch.cat([torch.zeros_like(batch.prompt_mask, dtype=torch.bool), hidden.bool()], dim=1)
+        return masked_logprobs(self.policy.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                               batch.completion_mask, self.temperature, hidden)
 
     def _forwards(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """ℓ^full and one ℓ^{\\X} per channel, micro-batch by micro-batch."""
@@ -132,13 +118,8 @@ class NecessityReward(Method):
         nec = torch.zeros(len(self.channels), n, device=device)
         if len(rows):
             sub = batch.select(rows)  # rows with a non-empty M have channel tokens, so aux holds them
-            model = self.policy.model
-            was = model.training
-            model.eval()
-            try:
+            with eval_mode(self.policy.model):
                 full, masked = self._forwards(sub)
-            finally:
-                model.train(was)
             r, per_channel = necessity_reward(full, masked, mask[rows], correct[rows])
             reward[rows], nec[:, rows] = r.to(device), per_channel.to(device)
         batch.rewards = batch.rewards + self.coef * reward.to(batch.rewards.dtype)
