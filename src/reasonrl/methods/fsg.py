@@ -17,12 +17,14 @@ Every step, in ``annotate`` (after scoring and selection, before the advantages)
    is the same as this rollout's, averaged over its nodes; the reference's
    ``apply_group_consensus``) and, when ``lambda_eff > 0``, the efficiency penalty
    eff = ⅓·(min(1, runtime/runtime_budget_s) + min(1, spans/tool_budget) + min(1, tokens/token_budget));
+   with a ``teacher``, the teacher group judge (``rewards.fsg_judge``), called once per group
+   (``teacher_workers`` groups at once): t per rollout and t_n per node, in [0, 1];
 4. with the answer gate g = f + (1 − f)·a_final::
 
        R   = F·(λ_fmt·F + λ_sig·sig + g·(λ_exec·exec + λ_unit·unit + λ_prop·prop + λ_node·node + λ_edge·edge)
-                + λ_final·a + λ_back·back + λ_cons·cons) − λ_eff·eff
+                + λ_final·a + λ_back·back + λ_cons·cons + λ_teach·t) − λ_eff·eff
        R_n = F·(λ_sig·sig_n + g·(λ_node·node_n + λ_exec·exec_n + λ_unit·unit_n + λ_prop·prop_n)
-                + κ·(λ_final·a + λ_back·back)[n ≠ main] + Σ_{e∋n} ½·g·λ_edge·edge_e
+                + κ·(λ_final·a + λ_back·back)[n ≠ main] + λ_teach·t_n + Σ_{e∋n} ½·g·λ_edge·edge_e
                 + (λ_final·a + λ_back·back + λ_cons·cons)[n = main])
 
    (``algos.fsg.fsg_total_reward`` / ``fsg_span_rewards``; sig, exec, node, edge are means over
@@ -37,20 +39,32 @@ Every step, in ``annotate`` (after scoring and selection, before the advantages)
    as the reference's span offsets; ``rewards.token_level.token_char_spans``), 0 elsewhere (tags,
    padding). Spans are mapped whether or not F = 1 (when F = 0 every R_n is 0).
 
-No teacher (t = 0: the reference's teacher judge is an LLM; ``teacher:`` here is a token-level
-RA teacher, not a judge) and no repair loop (repaired = 0), so λ_teach and λ_rep are not parameters.
+The teacher is off by default (``teacher: null``: t = t_n = 0). ``teacher`` names a judge of
+``FSG_JUDGES`` (``reference``: differential testing against the graph's reference code, an
+offline privileged stand-in; ``openai_chat``: the reference's LLM judge behind an HTTP endpoint)
+or ``file.py:Class``, built with ``teacher_params`` (checked against its signature when the
+recipe loads); ``lambda_teach`` is the reference's teacher-run 0.25. A judge that raises leaves
+its group's t = t_n = 0 and is counted (``teacher_fail_open``, as the reference's ``fail_open``);
+``teacher_fail_open: false`` stops the run instead. The judge's seed comes from (``train.seed``,
+step, the group's first row), never from global state, so a resumed run judges alike. There is
+no repair loop (repaired = 0, so λ_rep is not a parameter): it regenerates rollouts from a
+teacher's feedback, a sampling stage of its own, not a score of this one.
 
 Metrics (means over the batch's rows): ``fsg/final_accuracy`` and ``fsg/full_success`` (the
 paper's two), ``fsg/format``, ``fsg/executable`` (every node ran and no test raised),
 ``fsg/signature``, ``fsg/unit``, ``fsg/property``, ``fsg/edge``, ``fsg/backward``,
 ``fsg/consensus``, ``fsg/reward`` (R), ``fsg/rejected`` (rows with a node the code policy
-refused), ``fsg/sandbox_failed`` (rows whose sandbox did not finish), ``fsg/verify_s``.
+refused), ``fsg/sandbox_failed`` (rows whose sandbox did not finish), ``fsg/verify_s``; with a
+teacher also ``fsg/teacher`` (t), ``fsg/teacher_failed`` (share of groups whose judge failed) and
+``fsg/teacher_s`` (the judge's seconds, part of ``fsg/verify_s``).
 """
 
 from __future__ import annotations
 
 import time
+import zlib
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Literal
 
 import torch
@@ -61,12 +75,14 @@ from reasonrl.methods.base import Method, MethodContext
 from reasonrl.params import Range
 from reasonrl.registry import METHODS
 from reasonrl.rewards.fsg_exec import Verdict, verify
+from reasonrl.rewards.fsg_judge import build_judge, check_judge, group_scores
 from reasonrl.rewards.fsg_parse import ParsedCompletion, node_ids, parse_completion
 
 __all__ = ["FSGVerifier", "consensus", "span_token_ids"]
 
 _W = FSGWeights()
 Weight = Annotated[float, Range(ge=0)]
+LAMBDA_TEACH = 0.25  # the reference's teacher runs (config/grpo_teacher_*.json)
 
 
 def consensus(parsed: list[ParsedCompletion], ids: list[list[str]], group_ids: list[int]) -> list[float]:
@@ -130,24 +146,50 @@ class FSGVerifier(Method):
                  per_sandbox: Annotated[int, Range(ge=1)] = 8,
                  runtime_budget_s: Annotated[float, Range(gt=0)] = 5.0,
                  tool_budget: Annotated[int, Range(ge=1)] = 8,
-                 token_budget: Annotated[int, Range(ge=1)] = 2048) -> None:
+                 token_budget: Annotated[int, Range(ge=1)] = 2048,
+                 teacher: str | None = None, teacher_params: dict | None = None,
+                 lambda_teach: Weight = LAMBDA_TEACH, teacher_workers: Annotated[int, Range(ge=1)] = 2,
+                 teacher_fail_open: bool = True) -> None:
         """``reward``: what R does to ``batch.rewards`` (module docstring); ``span_map``: write
         the span rewards and the token→node map for ``advantage: fsg_span``. ``lambda_*``: the
         weights λ (defaults: the reference's main config, ``FSGWeights()``). ``sandbox_timeout_s``:
         each sandbox's wall time (the reference's 5 s); ``test_timeout_s``: each node's code and
         each test; ``workers``: sandboxes at once; ``per_sandbox``: rollouts per sandbox.
         ``runtime_budget_s``, ``tool_budget``, ``token_budget``: the efficiency penalty's scales
-        (the reference's 5 s, 8 code blocks, 2048 tokens), used only when ``lambda_eff > 0``."""
+        (the reference's 5 s, 8 code blocks, 2048 tokens), used only when ``lambda_eff > 0``.
+        ``teacher``: the teacher group judge (None: off; a name of ``FSG_JUDGES`` or
+        ``file.py:Class``) built with ``teacher_params``; ``lambda_teach``: λ_teach, used only with
+        a teacher; ``teacher_workers``: groups judged at once; ``teacher_fail_open``: a judge that
+        raises zeroes its group's t and t_n (counted in ``fsg/teacher_failed``) instead of
+        stopping the run (module docstring)."""
+        self.check_params(teacher=teacher, teacher_params=teacher_params, lambda_teach=lambda_teach)
         self.reward, self.span_map = reward, span_map
         self.weights = FSGWeights(fmt=lambda_fmt, sig=lambda_sig, exec=lambda_exec, unit=lambda_unit,
                                   prop=lambda_prop, node=lambda_node, edge=lambda_edge, final=lambda_final,
-                                  back=lambda_back, cons=lambda_cons, eff=lambda_eff,
-                                  answer_gate_floor=answer_gate_floor, span_answer_credit=span_answer_credit)
+                                  back=lambda_back, cons=lambda_cons, teach=lambda_teach if teacher else 0.0,
+                                  eff=lambda_eff, answer_gate_floor=answer_gate_floor,
+                                  span_answer_credit=span_answer_credit)
+        self.judge = build_judge(teacher, teacher_params or {}) if teacher else None
+        self.teacher, self.teacher_workers, self.teacher_fail_open = teacher, teacher_workers, teacher_fail_open
+        self.seed, self.log = 0, lambda message: None
         self.limits = {"timeout_s": sandbox_timeout_s, "test_timeout_s": test_timeout_s, "memory_mb": memory_mb,
                        "per_sandbox": per_sandbox}
         self.workers = workers
         self.budgets = (runtime_budget_s, tool_budget, token_budget)
         self.tokenizer = None
+
+    @staticmethod
+    def check_params(teacher: str | None = None, teacher_params: dict | None = None,
+                     lambda_teach: float = LAMBDA_TEACH, **_) -> None:
+        """The teacher's settings, when the recipe loads (a ValueError naming the key)."""
+        if teacher is not None:
+            check_judge(teacher, teacher_params or {})
+        elif teacher_params:
+            raise ValueError("teacher_params is set but teacher is not; name a judge (teacher: reference, "
+                             "teacher: openai_chat, or teacher: path/to/file.py:Class)")
+        elif lambda_teach != LAMBDA_TEACH:
+            raise ValueError("lambda_teach weighs the teacher judge's scores, and teacher is not set; name a judge "
+                             "(teacher: reference, openai_chat or path/to/file.py:Class) or drop lambda_teach")
 
     @classmethod
     def declared_keys(cls, config: Any) -> dict:
@@ -165,6 +207,8 @@ class FSGVerifier(Method):
         from reasonrl.rewards.sandbox import sandbox_backend
 
         self.tokenizer = ctx.policy.tokenizer
+        if self.judge is not None:  # its seeds start from the run's; its failures go to the run's log
+            self.seed, self.log = ctx.recipe.train.seed if ctx.recipe is not None else 0, ctx.log
         sandbox_backend()  # fail at the start, with the sandbox's own message, not at step 1
 
     def verify(self, completions: list[str], problems: list) -> list[Verdict]:
@@ -173,9 +217,44 @@ class FSGVerifier(Method):
         with SandboxPool(self.workers, memory_mb=self.limits["memory_mb"]) as pool:
             return verify(completions, problems, pool=pool, **self.limits)
 
+    def teach(self, completions: list[str], problems: list, parsed: list[ParsedCompletion], verdicts: list[Verdict],
+              group_ids: list[int], step: int) -> tuple[list[float], list[list[float]], int]:
+        """(t [B], t_n per row in graph order, groups whose judge failed): the judge called once per
+        group, with the seed of (run seed, step, the group's first row)."""
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, g in enumerate(group_ids):
+            groups[g].append(i)
+        who = f"fsg_verifier teacher '{self.teacher}'"
+
+        def judge(rows: list[int]) -> tuple[list[float], list[list[float]]]:
+            seed = zlib.crc32(f"{self.seed}:{step}:{rows[0]}".encode())
+            got = self.judge.judge(problems[rows[0]], [completions[r] for r in rows], [parsed[r] for r in rows],
+                                   [verdicts[r] for r in rows], seed=seed)
+            return group_scores(got, len(rows), node_ids(problems[rows[0]]), who)
+
+        t, t_n, failed = [0.0] * len(completions), [[0.0] * len(node_ids(p)) for p in problems], 0
+        with ThreadPoolExecutor(self.teacher_workers, thread_name_prefix="fsg-judge") as pool:
+            futures = [(rows, pool.submit(judge, rows)) for rows in groups.values()]
+            for rows, future in futures:
+                try:
+                    ts, tns = future.result()
+                except Exception as exc:  # noqa: BLE001 - fail open as the reference: the group keeps t = 0
+                    if not self.teacher_fail_open:
+                        raise
+                    failed += 1
+                    if failed == 1:
+                        self.log(f"step {step}: {who} failed on a group (its t = 0; fsg/teacher_failed counts "
+                                 f"them): {type(exc).__name__}: {exc}")
+                    continue
+                for r, a, b in zip(rows, ts, tns):
+                    t[r], t_n[r] = a, b
+        return t, t_n, failed
+
     def scores(self, verdicts: list[Verdict], parsed: list[ParsedCompletion], problems: list, group_ids: list[int],
-               num_tokens: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-        """(R [B], R_n [B, S] zero-padded, cons [B]) of the verdicts (module docstring, steps 3-4)."""
+               num_tokens: list[int] | None = None,
+               teach: tuple[list[float], list[list[float]]] | None = None) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+        """(R [B], R_n [B, S] zero-padded, cons [B]) of the verdicts (module docstring, steps 3-4);
+        ``teach``: the judge's (t per row, t_n per row in graph order), None: t = t_n = 0."""
         w, t = self.weights, torch.tensor
         ids = [node_ids(p) for p in problems]
         cons = consensus(parsed, ids, group_ids)
@@ -189,13 +268,14 @@ class FSGVerifier(Method):
                       + min(1.0, (num_tokens[i] if num_tokens else 0) / tokens)) / 3.0
                      for i, (v, p) in enumerate(zip(verdicts, parsed))])
         total = fsg_total_reward(w, fmt, col["sig"], col["exec"], col["unit"], col["prop"], col["node"], col["edge"],
-                                 final, back, cons=t(cons), eff=eff)
+                                 final, back, cons=t(cons), teach=t(teach[0]) if teach else 0.0, eff=eff)
         spans = torch.zeros(len(verdicts), max(len(n) for n in ids))
         for i, (v, nodes, problem) in enumerate(zip(verdicts, ids, problems)):
             graph_edges = [(nodes.index(e["source"]), nodes.index(e["target"])) for e in problem.meta["graph"]["edges"]]
             row = fsg_span_rewards(w, fmt[i:i + 1], t([v.sig]), t([v.node]), t([v.exec]), t([v.unit]), t([v.prop]),
                                    final[i:i + 1], back[i:i + 1], main=nodes.index("main"), edges=graph_edges,
-                                   edge_e=t([v.edges]) if graph_edges else None, cons=t(cons[i:i + 1]))
+                                   edge_e=t([v.edges]) if graph_edges else None, cons=t(cons[i:i + 1]),
+                                   teach_n=t([teach[1][i]]) if teach else 0.0)
             spans[i, :len(nodes)] = row[0]
         return total, spans, cons
 
@@ -206,7 +286,15 @@ class FSGVerifier(Method):
         verdicts = self.verify(completions, problems)
         parsed = [parse_completion(c, n) for c, n in zip(completions, ids)]
         num_tokens = batch.response_mask.sum(-1).tolist()
-        total, spans, cons = self.scores(verdicts, parsed, problems, batch.group_ids.tolist(), num_tokens)
+        teach, teacher = None, {}
+        if self.judge is not None:
+            judged = time.perf_counter()
+            t, t_n, failed = self.teach(completions, problems, parsed, verdicts, batch.group_ids.tolist(), step)
+            teach = (t, t_n)
+            teacher = {"fsg/teacher": sum(t) / max(len(t), 1),
+                       "fsg/teacher_failed": failed / max(len(set(batch.group_ids.tolist())), 1),
+                       "fsg/teacher_s": round(time.perf_counter() - judged, 4)}
+        total, spans, cons = self.scores(verdicts, parsed, problems, batch.group_ids.tolist(), num_tokens, teach)
         if self.reward == "replace":
             batch.rewards = total.to(batch.rewards.dtype)
         elif self.reward == "add":
@@ -233,4 +321,5 @@ class FSGVerifier(Method):
                 "fsg/reward": float(total.mean()) if len(total) else 0.0,
                 "fsg/rejected": mean(bool(v.rejected) for v in verdicts),
                 "fsg/sandbox_failed": mean(v.sandbox_failed for v in verdicts),
+                **teacher,
                 "fsg/verify_s": round(time.perf_counter() - started, 4)}

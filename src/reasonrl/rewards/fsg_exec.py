@@ -25,6 +25,11 @@ that hangs inside one C call (out of the alarm's reach) costs its chunk's sandbo
 its own, and loses its own unfinished nodes; ``range`` is capped at 10⁷ items, so
 ``sum(range(huge))`` fails fast instead.
 Identical (prompt, completion) pairs run once. Reward ``fsg_full_success`` lives here.
+
+The harness also runs other checks' jobs (:func:`run_jobs`; the teacher judge ``reference`` of
+``rewards.fsg_judge``): a node may carry ``reference`` (code run in a namespace of its own), and
+a test without ``expected`` then compares its call with the same call there (a *differential*
+test; a reference that raises agrees only with a candidate that raises too).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from reasonrl.rewards.fsg_parse import (ParsedCompletion, answers_equal, code_po
                                         parse_completion, signature_matches)
 from reasonrl.tasks.base import Problem
 
-__all__ = ["Verdict", "verify", "HARNESS", "RELATIONS", "NODE_WEIGHTS"]
+__all__ = ["Verdict", "verify", "run_jobs", "runnable_spans", "HARNESS", "RELATIONS", "NODE_WEIGHTS"]
 
 RELATIONS = ("uses_value", "aggregates_result")
 NODE_WEIGHTS = (0.25, 0.5, 0.25)  # execution, unit tests, property tests (the reference's verifier weights)
@@ -109,6 +114,8 @@ def _value(v):
     if _num(v) and abs(v) < 1e15 and v == v:
         return v
     return None
+class _Raised:
+    pass
 sys.stdout = _Sink()
 for j, job in enumerate(_spec["jobs"]):
     start = time.perf_counter()
@@ -119,15 +126,28 @@ for j, job in enumerate(_spec["jobs"]):
             ran = callable(g.get(node["name"]))
         except BaseException:
             ran = False
+        ref = {"__builtins__": _safe, "__name__": "reference"}
+        if ran and "reference" in node:
+            try:
+                _run(node["reference"], ref)
+            except BaseException:
+                pass
         for t in node["tests"]:
             if not ran:
                 tests.append([False, False])
                 continue
+            if "expected" in t:
+                want = t["expected"]
+            else:
+                try:
+                    want = _timed(lambda: eval(compile(t["call"], "<reference>", "eval"), ref), _limit)
+                except BaseException:
+                    want = _Raised
             try:
                 got = _timed(lambda: eval(compile(t["call"], "<test>", "eval"), g), _limit)
-                tests.append([True, _eq(got, t["expected"])])
+                tests.append([True, _eq(got, want)])
             except BaseException:
-                tests.append([False, False])
+                tests.append([False, want is _Raised])
         _emit({"j": j, "node": node["id"], "ran": ran, "tests": tests})
     prog = job.get("program")
     if prog is not None:
@@ -221,8 +241,9 @@ def check_graph(graph: dict) -> None:
                          f"{RELATIONS}; got nodes {ids}, bad edges {bad}")
 
 
-def _job(parsed: ParsedCompletion, graph: dict, policy: bool) -> tuple[dict | None, dict[str, str]]:
-    """The harness job of one rollout (None: nothing runnable) and the nodes the policy rejected."""
+def runnable_spans(parsed: ParsedCompletion, graph: dict, policy: bool = True) -> tuple[dict[str, str], dict[str, str]]:
+    """({node id: code} of the spans that may run, {node id: why not} of those the code policy
+    (``policy``) or the compiler refused); nodes without a span are in neither."""
     runnable, rejected = {}, {}
     for n in graph["nodes"]:
         span = parsed.spans.get(n["id"])
@@ -238,6 +259,12 @@ def _job(parsed: ParsedCompletion, graph: dict, policy: bool) -> tuple[dict | No
             runnable[n["id"]] = span.text
         else:
             rejected[n["id"]] = why
+    return runnable, rejected
+
+
+def _job(parsed: ParsedCompletion, graph: dict, policy: bool) -> tuple[dict | None, dict[str, str]]:
+    """The harness job of one rollout (None: nothing runnable) and the nodes the policy rejected."""
+    runnable, rejected = runnable_spans(parsed, graph, policy)
     if not runnable:
         return None, rejected
     reference = graph.get("reference", {})
@@ -310,6 +337,43 @@ def _verdict(parsed: ParsedCompletion, graph: dict, problem: Problem, result: di
                    sandbox_failed=sandbox_failed)
 
 
+def run_jobs(jobs: Sequence[dict], *, pool=None, timeout_s: float = 5.0, test_timeout_s: float = 1.0,
+             memory_mb: int = 256, per_sandbox: int = 8) -> list[tuple[dict, bool]]:
+    """Run harness jobs (``{"nodes": [...], "program": ... or None}``, see :data:`HARNESS`),
+    ``per_sandbox`` to a sandbox; the jobs a dead sandbox left unfinished run again one per
+    sandbox. Per job: (its streamed results ``{"nodes": {id: row}, "program": row, "done": row}``,
+    whether it never finished). ``pool``: a ``SandboxPool`` (None: one sandbox at a time);
+    ``timeout_s``: each sandbox's wall time; ``test_timeout_s``: each node's code and each test."""
+    from reasonrl.rewards.sandbox import run_python
+
+    results: list[dict] = [{"nodes": {}} for _ in jobs]
+
+    def run(chunks: list[list[int]]) -> list[int]:
+        marker = f"FSG{secrets.token_hex(8)}:"
+        stdins = [json.dumps({"marker": marker, "test_timeout": test_timeout_s,
+                              "jobs": [jobs[i] for i in chunk]}) for chunk in chunks]
+        limits = {"timeout_s": timeout_s, "memory_mb": memory_mb}
+        if pool is not None:
+            outs = pool.map([HARNESS] * len(chunks), stdins=stdins, **limits)
+        else:
+            outs = [run_python(HARNESS, stdin=s, **limits) for s in stdins]
+        unfinished = []
+        for chunk, out in zip(chunks, outs):
+            read = _read(out.stdout, marker)
+            for j, i in enumerate(chunk):
+                results[i] = read.get(j, {"nodes": {}})
+                if "done" not in results[i]:
+                    unfinished.append(i)
+        return unfinished
+
+    step = max(1, per_sandbox)
+    retry = run([list(range(i, min(i + step, len(jobs)))) for i in range(0, len(jobs), step)]) if jobs else []
+    if retry and step > 1:
+        retry = run([[i] for i in retry])
+    failed = set(retry)
+    return [(r, i in failed) for i, r in enumerate(results)]
+
+
 def verify(completions: Sequence[str], problems: Sequence[Problem], *, pool=None, timeout_s: float = 5.0,
            test_timeout_s: float = 1.0, memory_mb: int = 256, per_sandbox: int = 8,
            policy: bool = True) -> list[Verdict]:
@@ -317,8 +381,6 @@ def verify(completions: Sequence[str], problems: Sequence[Problem], *, pool=None
     program at a time with ``run_python``); ``timeout_s``: each sandbox's wall time;
     ``test_timeout_s``: each node's code and each test (the target call: twice that);
     ``policy=False`` runs code the code policy would reject (for testing the sandbox)."""
-    from reasonrl.rewards.sandbox import run_python
-
     if len(completions) != len(problems):
         raise ValueError(f"{len(completions)} completions for {len(problems)} problems")
     keys, unique = [], {}
@@ -331,32 +393,10 @@ def verify(completions: Sequence[str], problems: Sequence[Problem], *, pool=None
             parsed = parse_completion(text, ids)
             unique[key] = (parsed, problem, *_job(parsed, problem.meta["graph"], policy))
     todo = [k for k, (_, _, job, _) in unique.items() if job is not None]
-    results: dict[tuple, dict] = {}
-    failed: set[tuple] = set()
-
-    def run(chunks: list[list[tuple]]) -> list[tuple]:
-        marker = f"FSG{secrets.token_hex(8)}:"
-        stdins = [json.dumps({"marker": marker, "test_timeout": test_timeout_s,
-                              "jobs": [unique[k][2] for k in chunk]}) for chunk in chunks]
-        limits = {"timeout_s": timeout_s, "memory_mb": memory_mb}
-        if pool is not None:
-            outs = pool.map([HARNESS] * len(chunks), stdins=stdins, **limits)
-        else:
-            outs = [run_python(HARNESS, stdin=s, **limits) for s in stdins]
-        unfinished = []
-        for chunk, out in zip(chunks, outs):
-            read = _read(out.stdout, marker)
-            for j, key in enumerate(chunk):
-                results[key] = read.get(j, {"nodes": {}})
-                if "done" not in results[key]:
-                    unfinished.append(key)
-        return unfinished
-
-    step = max(1, per_sandbox)
-    retry = run([todo[i:i + step] for i in range(0, len(todo), step)]) if todo else []
-    if retry and step > 1:
-        retry = run([[k] for k in retry])
-    failed.update(retry)
+    ran = run_jobs([unique[k][2] for k in todo], pool=pool, timeout_s=timeout_s, test_timeout_s=test_timeout_s,
+                   memory_mb=memory_mb, per_sandbox=per_sandbox)
+    results = dict(zip(todo, (r for r, _ in ran)))
+    failed = {k for k, (_, dead) in zip(todo, ran) if dead}
     verdicts = {k: _verdict(parsed, problem.meta["graph"], problem, results.get(k), rejected, k in failed)
                 for k, (parsed, problem, _, rejected) in unique.items()}
     return [verdicts[k] for k in keys]
