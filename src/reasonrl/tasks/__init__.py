@@ -9,3 +9,4 @@ from reasonrl.tasks import reasoning_gym  # noqa: F401  (registers "reasoning_gy
 from reasonrl.tasks import multilabel  # noqa: F401  (registers "multilabel")
 from reasonrl.tasks import witness  # noqa: F401  (registers "minimal_witness" and its rewards)
 from reasonrl.tasks import function_graph  # noqa: F401  (registers "function_graph", FSG-RL's task)
+from reasonrl.tasks import gsm8k_graph  # noqa: F401  (registers "gsm8k_graph", FSG-RL's graphs from GSM8K)

@@ -54,7 +54,8 @@ from typing import Any, Sequence
 from reasonrl.registry import TASKS
 from reasonrl.tasks.base import Problem, in_eval_split
 
-__all__ = ["FunctionGraphTask", "KINDS", "Kind", "ALPHABET", "build_problem", "render_completion"]
+__all__ = ["FunctionGraphTask", "KINDS", "Kind", "ALPHABET", "OPS", "build_problem", "render_completion",
+           "public_prompt", "main_node", "helper_node", "main_code"]
 
 # Every lowercase letter (so the model can write any identifier, hostile ones too), digits and
 # the punctuation of the tags and of simple Python.
@@ -137,6 +138,32 @@ def render_completion(codes: dict[str, str]) -> str:
     return "".join(f"<{node}>{code}</{node}>" for node, code in codes.items())
 
 
+# The graph schema's pieces, shared with every task that builds function graphs (``gsm8k_graph``),
+# so the verifier (``rewards.fsg_exec``) reads one schema.
+
+def main_node(answer: Any) -> dict:
+    """``main``'s node: no parameters, one unit test ``main()`` == the answer."""
+    return {"id": "main", "name": "main", "signature": "main()", "desc": "",
+            "tests": [{"call": "main()", "expected": answer, "kind": "unit"}]}
+
+
+def helper_node(name: str, params: Sequence[str], desc: str, tests: list[dict]) -> dict:
+    """A helper's node: its id is its name, its public signature ``name(p1,p2)``."""
+    return {"id": name, "name": name, "signature": f"{name}({','.join(params)})", "desc": desc, "tests": tests}
+
+
+def main_code(body: str, stated: Sequence[Any]) -> str:
+    """``main``'s code: ``body`` then the comment ``#v1;v2;…;answer`` stating each helper call's value
+    in order (its last number is the stated answer, ``fsg_parse.stated_answer``)."""
+    return f"def main():{body}#{';'.join(map(str, stated))}"
+
+
+def public_prompt(nodes: list[dict], question: str) -> str:
+    """The public graph (each node's interface and question, no tests), then the problem."""
+    lines = [f"{n['signature']}:{n['desc']}" if n["desc"] else n["signature"] for n in nodes]
+    return "\n".join([*lines, question]) + "\n"
+
+
 def build_problem(kind: Kind, values: dict[str, int], careless: bool = False) -> Problem:
     """The problem, its public prompt, private graph and worked (or careless) solution."""
     ops = [op for _, op, _, _ in kind.steps]
@@ -145,9 +172,8 @@ def build_problem(kind: Kind, values: dict[str, int], careless: bool = False) ->
         raise ValueError(f"kind '{kind.name}' has no natural answer for {values}")
     names = [f"f{i}" for i in range(1, len(kind.steps) + 1)]
     call = main_call(kind, values)
-    nodes = [{"id": "main", "name": "main", "signature": "main()", "desc": "",
-              "tests": [{"call": "main()", "expected": answers[-1], "kind": "unit"}]}]
-    reference, prev_value = {"main": f"def main():return {call}#{';'.join(map(str, answers))}"}, None
+    nodes = [main_node(answers[-1])]
+    reference, prev_value = {"main": main_code(f"return {call}", answers)}, None
     for i, (step, name) in enumerate(zip(kind.steps, names)):
         desc, op, p, q = step
         params = _params(step)
@@ -155,8 +181,7 @@ def build_problem(kind: Kind, values: dict[str, int], careless: bool = False) ->
         inputs = (actual, *OPS[op][2])
         tests = [{"call": f"{name}({x},{y})", "expected": OPS[op][1](x, y), "kind": "unit"} for x, y in inputs]
         tests.append({"call": OPS[op][3].format(f=name), "expected": True, "kind": "property"})
-        nodes.append({"id": name, "name": name, "signature": f"{name}({params[0]},{params[1]})", "desc": desc,
-                      "tests": tests})
+        nodes.append(helper_node(name, params, desc, tests))
         reference[name] = node_code(name, params, op)
         prev_value = answers[i]
     edges = [{"source": names[i], "target": names[i + 1], "relation": "uses_value"} for i in range(len(names) - 1)]
@@ -170,16 +195,14 @@ def build_problem(kind: Kind, values: dict[str, int], careless: bool = False) ->
         stated = _chain(kind, values, wrong_ops)
         if stated is not None:  # else the mistake has no natural value here: the correct solution
             codes[names[index]] = node_code(names[index], _params(kind.steps[index]), wrong)
-            codes["main"] = f"def main():return {call}#{';'.join(map(str, stated))}"
+            codes["main"] = main_code(f"return {call}", stated)
     return Problem(prompt=render_prompt(kind, values, nodes), answer=str(answers[-1]),
                    solution=render_completion(codes),
                    meta={"form": kind.name, "values": dict(values), "graph": graph})
 
 
 def render_prompt(kind: Kind, values: dict[str, int], nodes: list[dict]) -> str:
-    """The public graph (each node's interface and question, no tests), then the problem."""
-    lines = [f"{n['signature']}:{n['desc']}" if n["desc"] else n["signature"] for n in nodes]
-    return "\n".join([*lines, kind.text.format(**values)]) + "\n"
+    return public_prompt(nodes, kind.text.format(**values))
 
 
 @TASKS.register("function_graph")
