@@ -23,7 +23,7 @@ from typing import Any, Annotated, Callable, Iterable, Literal, Union
 
 from reasonrl.registry import closest_match_hint
 
-__all__ = ["ConfigError", "Range", "coerce", "component_hints", "check_component_params", "inject"]
+__all__ = ["ConfigError", "Range", "coerce", "component_hints", "check_component_params", "check_plugin_params", "inject"]
 
 
 class ConfigError(ValueError):
@@ -179,3 +179,24 @@ def inject(fn: Callable, args: tuple, pipeline: dict[str, Any], params: dict[str
     that its signature declares by name."""
     sig = inspect.signature(fn).parameters
     return fn(*args, **{k: v for k, v in pipeline.items() if k in sig}, **params)
+
+
+def check_plugin_params(registry, name: str, params: dict[str, Any], what: str, name_key: str,
+                        params_key: str) -> dict[str, Any]:
+    """The check, when the recipe loads, of a plugin that a section names with its own parameter
+    dict (an env's ``advisor`` + ``advisor_params``, a verifier's ``teacher`` + ``teacher_params``):
+    the name must be in ``registry`` (or be ``file.py:Class``), then ``params`` go through
+    ``check_component_params`` against the class's signature and its own ``validate(**params)``,
+    if any. Errors are ValueErrors naming ``name_key`` / ``params_key``. Returns the coerced params."""
+    try:
+        cls = registry.get(name)
+    except KeyError as exc:
+        raise ValueError(f"{name_key}: {exc}") from None
+    try:
+        params = check_component_params(cls, dict(params), f"{what} '{name}'", params_key, ())
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    validate = getattr(cls, "validate", None)
+    if validate is not None:
+        validate(**params)
+    return params

@@ -59,7 +59,7 @@ from reasonrl.algos.advice_gain import advice_gain
 from reasonrl.batch import RolloutBatch
 from reasonrl.envs.advisor.env import ANSWER_MARK
 from reasonrl.methods.base import Method, MethodContext
-from reasonrl.methods.channel_mask import CHANNEL_KEY, env_channels, eval_mode, masked_logprobs
+from reasonrl.methods.channel_mask import CHANNEL_KEY, env_channels, eval_mode, masked_logprobs, reward_gate
 from reasonrl.params import Range
 from reasonrl.policy.sampling import left_pad, right_pad
 from reasonrl.registry import METHODS
@@ -226,13 +226,7 @@ class AdviceGain(Method):
     @torch.no_grad()
     def annotate(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         n, device = len(batch), batch.rewards.device
-        correct = None
-        if self.gated:
-            key = f"reward/{self.correct_reward}"
-            if key not in batch.meta:
-                raise ValueError(f"advice_gain: the batch has no scores of the gate reward '{self.correct_reward}' "
-                                 f"(batch.meta['{key}']); name a reward of the recipe")
-            correct = torch.tensor([float(v) > 0.5 for v in batch.meta[key]], device=device)
+        correct = reward_gate(batch, self.correct_reward, "advice_gain", "gate reward") if self.gated else None
         channel = batch.aux.get(CHANNEL_KEY)
         rows = [] if channel is None else [
             r for r in range(n) if bool((channel[r] == self.index).any())

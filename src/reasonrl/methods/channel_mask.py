@@ -24,7 +24,7 @@ from torch import Tensor
 from reasonrl.registry import ENVIRONMENTS
 from reasonrl.rollout.episodes import ENV_CHANNEL_KEY
 
-__all__ = ["CHANNEL_KEY", "env_channels", "eval_mode", "masked_logprobs"]
+__all__ = ["CHANNEL_KEY", "env_channels", "eval_mode", "masked_logprobs", "reward_gate"]
 
 CHANNEL_KEY = ENV_CHANNEL_KEY  # written by the episode sampler, not by a declared stage
 
@@ -34,6 +34,17 @@ def env_channels(recipe: Any) -> tuple[str, ...]:
     if recipe.env is None:
         return ()
     return tuple(getattr(ENVIRONMENTS.get(recipe.env.name), "channels", ()) or ())
+
+
+def reward_gate(batch, reward: str, who: str, role: str) -> Tensor:
+    """c = 1[score > 0.5] per row [B] (bool) of the recipe reward ``reward``'s unweighted scores
+    (``batch.meta["reward/<name>"]``): the correctness gate of these methods. A batch without
+    those scores is a ValueError naming the method ``who`` and the gate's ``role``."""
+    key = f"reward/{reward}"
+    if key not in batch.meta:
+        raise ValueError(f"{who}: the batch has no scores of the {role} '{reward}' (batch.meta['{key}']); "
+                         f"name a reward of the recipe")
+    return torch.tensor([float(v) > 0.5 for v in batch.meta[key]], device=batch.rewards.device)
 
 
 @contextmanager

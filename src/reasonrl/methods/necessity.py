@@ -40,7 +40,7 @@ import torch
 from reasonrl.algos.necessity import necessity_mask, necessity_reward
 from reasonrl.batch import RolloutBatch
 from reasonrl.methods.base import Method, MethodContext
-from reasonrl.methods.channel_mask import CHANNEL_KEY, env_channels, eval_mode, masked_logprobs
+from reasonrl.methods.channel_mask import CHANNEL_KEY, env_channels, eval_mode, masked_logprobs, reward_gate
 from reasonrl.params import Range
 from reasonrl.registry import METHODS
 
@@ -104,11 +104,7 @@ class NecessityReward(Method):
     @torch.no_grad()
     def annotate(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         n, device = len(batch), batch.rewards.device
-        key = f"reward/{self.correct_reward}"
-        if key not in batch.meta:
-            raise ValueError(f"necessity_reward: the batch has no scores of the correctness reward "
-                             f"'{self.correct_reward}' (batch.meta['{key}']); name a reward of the recipe")
-        correct = torch.tensor([float(v) > 0.5 for v in batch.meta[key]], device=device)
+        correct = reward_gate(batch, self.correct_reward, "necessity_reward", "correctness reward")
         channel = batch.aux.get(CHANNEL_KEY)
         if channel is None:
             channel = torch.zeros_like(batch.completion_ids)

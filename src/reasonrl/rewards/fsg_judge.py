@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Sequence
 
 from reasonrl.envs.advisor.openai_chat import check_endpoint, post_chat, read_api_key
-from reasonrl.params import ConfigError, Range, check_component_params
-from reasonrl.registry import FSG_JUDGES, UnknownNameError
+from reasonrl.params import Range, check_plugin_params
+from reasonrl.registry import FSG_JUDGES
 from reasonrl.rewards.fsg_exec import Verdict, run_jobs, runnable_spans
 from reasonrl.rewards.fsg_parse import ParsedCompletion, node_ids
 from reasonrl.tasks.base import Problem
@@ -105,18 +105,7 @@ def check_judge(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The judge class ``name``'s check of ``params`` when the recipe loads (unknown names, types
     and bounds from its signature, then its own ``validate(**params)``, if any): a ValueError
     naming the ``teacher_params`` key. Returns the coerced params."""
-    try:
-        cls = FSG_JUDGES.get(name)
-    except UnknownNameError as exc:
-        raise ValueError(f"teacher: {exc}") from None
-    try:
-        params = check_component_params(cls, dict(params), f"FSG judge '{name}'", "teacher_params", ())
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    validate = getattr(cls, "validate", None)
-    if validate is not None:
-        validate(**params)
-    return params
+    return check_plugin_params(FSG_JUDGES, name, params, "FSG judge", "teacher", "teacher_params")
 
 
 def build_judge(name: str, params: dict[str, Any]) -> FSGJudge:

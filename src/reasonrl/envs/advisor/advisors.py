@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 from typing import Annotated, Any
 
-from reasonrl.params import ConfigError, Range, check_component_params
+from reasonrl.params import Range, check_plugin_params
 from reasonrl.registry import Registry
 
 __all__ = ["ADVISORS", "Advisor", "AdvisorError", "OracleArithmeticAdvisor", "TinyAdvisor", "check_advisor",
@@ -64,18 +64,7 @@ def check_advisor(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The advisor class ``name``'s check of ``params`` (unknown names, types and bounds from its
     signature, then its own ``validate(**params)``, if any), when the recipe loads: a ValueError
     naming the ``env.advisor_params`` key. Returns the coerced params."""
-    try:
-        cls = ADVISORS.get(name)
-    except KeyError as exc:
-        raise ValueError(f"env.advisor: {exc}") from None
-    try:
-        params = check_component_params(cls, dict(params), f"advisor '{name}'", "env.advisor_params", ())
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    validate = getattr(cls, "validate", None)
-    if validate is not None:
-        validate(**params)
-    return params
+    return check_plugin_params(ADVISORS, name, params, "advisor", "env.advisor", "env.advisor_params")
 
 
 def get_advisor(name: str, params: dict[str, Any]) -> Advisor:
