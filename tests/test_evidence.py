@@ -53,7 +53,8 @@ def test_the_env_answers_segments_of_each_stream_on_its_channel():
     assert env.step("A13-15]") == Step("=345;", -0.1, False, info(1.0, 0.0, 0.0, 0.0), "a")
     assert env.step("A3-3]") == Step("=3;", -0.1, False, info(1.0, 0.0, 0.0, 0.0), "a")
     assert env.step("B7-7]") == Step("=2;", -0.1, False, info(0.0, 1.0, 1.0, 0.0), "b")  # both used: once
-    assert env.step("B0-3]") == Step("=;", -0.1, False, info(0.0, 1.0, 0.0, 1.0), "b")  # over max_segment
+    # Over max_segment: an error reply, of no channel (no item to mask), counted in tool_errors.
+    assert env.step("B0-3]") == Step("=;", -0.1, False, info(0.0, 1.0, 0.0, 1.0), None)
     assert env.step("B1-1]").done  # over max_calls
     for bad in ("B5-4]", "A28-30]"):  # start > end; past the stream's end
         fresh = EvidenceEnv()
@@ -66,6 +67,20 @@ def test_the_env_answers_segments_of_each_stream_on_its_channel():
     with pytest.raises(ValueError, match="streams 'a' and 'b'"):
         EvidenceEnv().reset(Problem("1+1;", "2"), 0)
     assert env.channels == ("a", "b") and env.stop == ("]",)
+
+
+def test_an_error_reply_is_no_evidence_so_both_streams_count_only_when_answered():
+    env = EvidenceEnv()
+    env.reset(problem(), 0)
+    assert env.step("A13-13]").info["used_both"] == 0.0
+    err = env.step("B5-4]")  # start > end: an error reply of no channel, not a use of stream B
+    assert (err.observation, err.channel, err.info["used_both"], err.info["tool_errors"]) == ("=;", None, 0.0, 1.0)
+    state = env.state_dict()
+    again = EvidenceEnv()
+    again.reset(problem(), 0)
+    again.load_state_dict(state)
+    for e in (env, again):  # the answered streams resume with the env
+        assert e.step("B7-7]").info["used_both"] == 1.0
 
 
 def test_an_evidence_episode_tags_each_streams_tokens(monkeypatch):

@@ -72,14 +72,17 @@ def answer_call(stream: str, start: int, end: int, max_segment: int) -> str | No
 @dataclass
 class EvidenceEnv(Environment):
     """Answers a turn that ends in a call ``A<i>-<j>]`` / ``B<i>-<j>]`` with items i..j of that
-    stream (``=417;``, channel ``"a"`` / ``"b"``), or ``=;`` (same channel, counted in
+    stream (``=417;``, channel ``"a"`` / ``"b"``), or ``=;`` (no channel, counted in
     ``tool_errors``) for a range it does not answer; any other turn ends the episode.
 
     ``max_segment``: items per call (the segment-length cap). ``max_calls``: calls answered
     per episode; a further call ends it. ``call_cost``: a per-turn reward of −cost per call.
 
+    An error reply ``=;`` is an observation of no channel: it holds no item of the stream, so
+    masking a stream (the necessity reward) never hides it.
+
     Info (logged as ``episode/<key>``): ``calls_a``, ``calls_b``, ``used_both`` (1 once the
-    episode has called both streams), ``tool_errors``."""
+    episode has had an item of each stream answered), ``tool_errors``."""
 
     max_segment: Annotated[int, Range(ge=1)] = 4
     max_calls: Annotated[int, Range(ge=1)] = 8
@@ -95,7 +98,7 @@ class EvidenceEnv(Environment):
             raise ValueError("the 'evidence' environment needs problems whose meta holds the streams 'a' and 'b' "
                              "(the 'evidence_seek' task's)")
         self.streams = {"A": meta["a"], "B": meta["b"]}
-        self.calls = {"A": 0, "B": 0}
+        self.calls, self.answered = {"A": 0, "B": 0}, {"A": 0, "B": 0}
         return ""
 
     def step(self, action: str) -> Step:
@@ -103,20 +106,24 @@ class EvidenceEnv(Environment):
         if call is None or sum(self.calls.values()) >= self.max_calls:
             return Step(done=True)
         letter, start, end = call.group(1), int(call.group(2)), int(call.group(3))
-        both_before = all(self.calls.values())
+        both_before = all(self.answered.values())
         self.calls[letter] += 1
         observation = answer_call(self.streams[letter], start, end, self.max_segment)
+        self.answered[letter] += observation is not None
         info = {"calls_a": float(letter == "A"), "calls_b": float(letter == "B"),
-                "used_both": float(all(self.calls.values()) and not both_before),
+                "used_both": float(all(self.answered.values()) and not both_before),
                 "tool_errors": float(observation is None)}
+        # An error reply carries no item of the stream, so it belongs to no channel: tagged as the
+        # stream's, its constant "=;" was something the necessity reward could pay for (a policy
+        # trained with it learned to make malformed calls and depend on the error reply's tokens).
         return Step(observation=observation or "=;", reward=-self.call_cost if self.call_cost else 0.0,
-                    info=info, channel=letter.lower())
+                    info=info, channel=letter.lower() if observation is not None else None)
 
     def state_dict(self):
-        return {"calls": dict(self.calls)}
+        return {"calls": dict(self.calls), "answered": dict(self.answered)}
 
     def load_state_dict(self, state):
-        self.calls = dict(state["calls"])
+        self.calls, self.answered = dict(state["calls"]), dict(state["answered"])
 
 
 @REWARDS.register("evidence_tool_use")
