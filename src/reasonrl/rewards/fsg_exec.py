@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -252,7 +253,9 @@ def runnable_spans(parsed: ParsedCompletion, graph: dict, policy: bool = True) -
         why = code_policy_violation(span.text) if policy else None
         if why is None:
             try:
-                compile(span.text, "<span>", "exec")
+                with warnings.catch_warnings():  # model-written code: its SyntaxWarnings are not the run's
+                    warnings.simplefilter("ignore", SyntaxWarning)
+                    compile(span.text, "<span>", "exec")
             except (SyntaxError, ValueError) as exc:
                 why = f"syntax error: {exc}"
         if why is None:
