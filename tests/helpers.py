@@ -109,3 +109,57 @@ def straight_and_resumed(recipe, tmp_path, monkeypatch):
     wa, wb = (load_file(str(tmp_path / d / "final_model" / "model.safetensors")) for d in ("a", "b"))
     assert set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa), f"crashed at step {crash}"
     return a
+
+
+def episode_batch(policy, prompts, parts, tags, rewards=None, meta=None):
+    """A hand-built RolloutBatch of episodes: row i is ``prompts[i]`` and the completion
+    ``parts[i]``, a list of (text, kind) in order. Kind ``"m"`` is the model's own tokens (in
+    the loss mask, channel 0); any other kind is an observation whose tokens get channel
+    ``tags[kind]`` in ``aux["env_channel"]`` and are left out of the loss mask. ``"</s>"`` is
+    EOS. One group; ``rewards`` default to 0."""
+    import torch
+
+    from reasonrl.batch import RolloutBatch
+
+    tok = policy.tokenizer
+    prompt_ids, prompt_mask = policy.encode_prompts(list(prompts))
+    comp = []
+    for row in parts:
+        ids, loss, ch = [], [], []
+        for text, kind in row:
+            t = tok(text, add_special_tokens=False)["input_ids"] if text != "</s>" else [tok.eos_token_id]
+            ids += t
+            loss += [int(kind == "m")] * len(t)
+            ch += [0 if kind == "m" else tags[kind]] * len(t)
+        comp.append((ids, loss, ch))
+    width = max(len(c[0]) for c in comp)
+
+    def pad(xs, v=0):
+        return torch.tensor([x + [v] * (width - len(x)) for x in xs])
+
+    n = len(comp)
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        completion_ids=pad([c[0] for c in comp], tok.pad_token_id), completion_mask=pad([[1] * len(c[0]) for c in comp]),
+        group_ids=torch.zeros(n, dtype=torch.long),
+        rewards=torch.zeros(n) if rewards is None else torch.tensor(rewards, dtype=torch.float32),
+        truncated=torch.zeros(n, dtype=torch.bool), loss_mask=pad([c[1] for c in comp]),
+        meta=dict(meta or {}), aux={"env_channel": pad([c[2] for c in comp])})
+
+
+def scripted_samples(ids, mask, rows, tokenizer):
+    """The ``Samples`` a stand-in for ``sample_completions`` returns: the prompts ``ids`` /
+    ``mask`` as given and one completion per row of token ids (``rows``), right-padded, each
+    token at log-prob −0.5."""
+    import torch
+
+    from reasonrl.policy.sampling import Samples
+
+    width = max(len(t) for t in rows)
+    out = torch.full((len(rows), width), tokenizer.pad_token_id)
+    cmask = torch.zeros_like(out)
+    for r, t in enumerate(rows):
+        out[r, :len(t)], cmask[r, :len(t)] = torch.tensor(t), 1
+    return Samples(prompt_ids=ids, prompt_mask=mask, completion_ids=out, completion_mask=cmask,
+                   sample_logprobs=-0.5 * cmask.float(), truncated=torch.zeros(len(rows), dtype=torch.bool),
+                   texts=[tokenizer.decode(t, skip_special_tokens=True) for t in rows])

@@ -13,19 +13,17 @@ import torch
 import reasonrl.methods.advice_gain as advice_gain_module
 import reasonrl.rollout.episodes as episodes
 from reasonrl.algos.advice_gain import advice_gain, answer_probability
-from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, load_recipe
 from reasonrl.envs.advisor import ArithmeticAdvisorTask
 from reasonrl.methods.advice_gain import AdviceGain
 from reasonrl.methods.base import MethodContext
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy
-from reasonrl.policy.sampling import Samples
 from reasonrl.policy.tiny import TinySpec, new_tiny_model
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_recipe
+from helpers import MINI_TINY, episode_batch, mini_recipe, scripted_samples
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "advisor_stage2.yaml"
 ORACLE = {"name": "advisor", "advisor": "oracle_arithmetic"}
@@ -69,26 +67,8 @@ def test_the_gain_on_a_hand_built_case():
 def hand_batch(pol, rows):
     """Episodes given as (prompt, gold, [(text, kind)]): kind 'm' for the model's tokens, 'v' for
     an advisor observation (channel 1)."""
-    tok = pol.tokenizer
-    prompt_ids, prompt_mask = pol.encode_prompts([p for p, _, _ in rows])
-    comp = []
-    for _, _, parts in rows:
-        ids, loss, ch = [], [], []
-        for text, kind in parts:
-            t = tok(text, add_special_tokens=False)["input_ids"] if text != "</s>" else [tok.eos_token_id]
-            ids, loss, ch = ids + t, loss + [int(kind == "m")] * len(t), ch + [int(kind == "v")] * len(t)
-        comp.append((ids, loss, ch))
-    width = max(len(c[0]) for c in comp)
-    pad = lambda xs, v=0: [x + [v] * (width - len(x)) for x in xs]  # noqa: E731
-    n = len(rows)
-    return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-        completion_ids=torch.tensor(pad([c[0] for c in comp], tok.pad_token_id)),
-        completion_mask=torch.tensor(pad([[1] * len(c[0]) for c in comp])),
-        group_ids=torch.zeros(n, dtype=torch.long), rewards=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool),
-        loss_mask=torch.tensor(pad([c[1] for c in comp])),
-        meta={"answer": [g for _, g, _ in rows], "reward/exact_answer": [1.0] * n},
-        aux={"env_channel": torch.tensor(pad([c[2] for c in comp]))})
+    return episode_batch(pol, [p for p, _, _ in rows], [parts for _, _, parts in rows], {"v": 1},
+                         meta={"answer": [g for _, g, _ in rows], "reward/exact_answer": [1.0] * len(rows)})
 
 
 def method(pol, **params):
@@ -233,14 +213,7 @@ def asker(model, tokenizer, ids, mask, g, max_new_tokens, *args, **kwargs):
         turn = "{" + text.split(";")[0] + "}" if found is None else f";####{int(found.group(1)) + r % 2}"
         rows.append(tokenizer(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
                     + ([tokenizer.eos_token_id] if found else []))
-    width = max(len(t) for t in rows)
-    out = torch.full((len(rows), width), tokenizer.pad_token_id)
-    cmask = torch.zeros_like(out)
-    for r, t in enumerate(rows):
-        out[r, :len(t)], cmask[r, :len(t)] = torch.tensor(t), 1
-    return Samples(prompt_ids=ids, prompt_mask=mask, completion_ids=out, completion_mask=cmask,
-                   sample_logprobs=-0.5 * cmask.float(), truncated=torch.zeros(len(rows), dtype=torch.bool),
-                   texts=[tokenizer.decode(t, skip_special_tokens=True) for t in rows])
+    return scripted_samples(ids, mask, rows, tokenizer)
 
 
 def test_the_stage_2_recipe_trains_from_a_saved_model(tmp_path, monkeypatch):

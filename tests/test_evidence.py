@@ -12,7 +12,6 @@ import torch
 
 import reasonrl.rollout.episodes as episodes
 from reasonrl.algos.necessity import channel_necessity, necessity_mask, necessity_reward
-from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, load_recipe
 from reasonrl.envs.base import Step
 from reasonrl.envs.evidence import CALL_RE, EvidenceEnv, EvidenceSeekTask, evidence_tool_use
@@ -27,7 +26,7 @@ from reasonrl.tasks.base import Problem
 from reasonrl.train.metrics import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_recipe
+from helpers import MINI_TINY, episode_batch, mini_recipe, scripted_samples
 from test_episodes import scripted
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -234,28 +233,9 @@ def test_the_necessity_reward_on_a_hand_built_case():
 def hand_batch(pol, rows):
     """A batch of episodes given as (prompt, [(text, kind)], correct): kind 'm' for the model's
     tokens, 'a' / 'b' for an observation of that stream."""
-    tok = pol.tokenizer
-    prompt_ids, prompt_mask = pol.encode_prompts([p for p, _, _ in rows])
-    comp = []
-    for _, parts, _ in rows:
-        ids, loss, ch = [], [], []
-        for text, kind in parts:
-            t = tok(text, add_special_tokens=False)["input_ids"] if text != "</s>" else [tok.eos_token_id]
-            ids += t
-            loss += [int(kind == "m")] * len(t)
-            ch += [{"m": 0, "a": 1, "b": 2}[kind]] * len(t)
-        comp.append((ids, loss, ch))
-    width = max(len(c[0]) for c in comp)
-    pad = lambda xs, v=0: [x + [v] * (width - len(x)) for x in xs]  # noqa: E731
-    n = len(rows)
-    return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-        completion_ids=torch.tensor(pad([c[0] for c in comp], tok.pad_token_id)),
-        completion_mask=torch.tensor(pad([[1] * len(c[0]) for c in comp])),
-        group_ids=torch.zeros(n, dtype=torch.long), rewards=torch.tensor([float(c) for _, _, c in rows]),
-        truncated=torch.zeros(n, dtype=torch.bool), loss_mask=torch.tensor(pad([c[1] for c in comp])),
-        meta={"reward/exact_answer": [float(c) for _, _, c in rows]},
-        aux={"env_channel": torch.tensor(pad([c[2] for c in comp]))})
+    correct = [float(c) for _, _, c in rows]
+    return episode_batch(pol, [p for p, _, _ in rows], [parts for _, parts, _ in rows], {"a": 1, "b": 2},
+                         rewards=correct, meta={"reward/exact_answer": correct})
 
 
 EPISODE = [("A13-13]", "m"), ("=3;", "a"), ("B7-7]", "m"), ("=2;", "b"), ("3+2=5;####5", "m"), ("</s>", "m")]
@@ -358,7 +338,6 @@ def seeker(model, tokenizer, ids, mask, g, max_new_tokens, *args, **kwargs):
     """A stand-in for ``sample_completions`` that plays an evidence episode (the untrained mini
     model never calls a tool): call A at the asked position, then B, then answer with the items
     seen, right on every other row, so groups differ and the policy trains."""
-    from reasonrl.policy.sampling import Samples
 
     rows = []
     for r, (row, m) in enumerate(zip(ids, mask)):
@@ -370,14 +349,7 @@ def seeker(model, tokenizer, ids, mask, g, max_new_tokens, *args, **kwargs):
             f"{seen[0]}+{seen[1]}={sum(seen) + r % 2};####{sum(seen) + r % 2}"
         rows.append(tokenizer(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
                     + ([tokenizer.eos_token_id] if calls >= 2 else []))
-    width = max(len(t) for t in rows)
-    out = torch.full((len(rows), width), tokenizer.pad_token_id)
-    cmask = torch.zeros_like(out)
-    for r, t in enumerate(rows):
-        out[r, :len(t)], cmask[r, :len(t)] = torch.tensor(t), 1
-    return Samples(prompt_ids=ids, prompt_mask=mask, completion_ids=out, completion_mask=cmask,
-                   sample_logprobs=-0.5 * cmask.float(), truncated=torch.zeros(len(rows), dtype=torch.bool),
-                   texts=[tokenizer.decode(t, skip_special_tokens=True) for t in rows])
+    return scripted_samples(ids, mask, rows, tokenizer)
 
 
 @pytest.mark.parametrize("name", ["evidence", "evidence_necessity"])
