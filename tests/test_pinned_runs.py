@@ -31,7 +31,9 @@ def test_pinned_run_reproduces_recorded_metrics_and_weights(name, tmp_path):
     pinned = load_file(str(DATA / f"{name}_final.safetensors"))
     assert set(weights) == set(pinned)
     for key, value in pinned.items():
-        torch.testing.assert_close(weights[key], value, atol=1e-6, rtol=1e-5, msg=f"final weight {key}")
+        # atol 1e-5: on an AMD EPYC machine the RA/CoRA finals differ from the recorded ones by up
+        # to 2.9e-6 (the metrics still agree to 1e-5), while the runs move weights by ~2.5e-3.
+        torch.testing.assert_close(weights[key], value, atol=1e-5, rtol=1e-5, msg=f"final weight {key}")
     # The pins are not trivial: rewards vary, the policy moved, and the runs differ from each other.
     assert any(r.get("reward/mean", 0) > 0 for r in expected)
     start = load_file(str(DATA / "student" / "model.safetensors"))
