@@ -297,3 +297,22 @@ def test_the_recipes_share_the_task_model_and_budget():
     assert rl.model == base.model and rl.task == base.task and rl.rollout == base.rollout and rl.loss == base.loss
     assert rl.loss.kl.coef == 0.03 and rl.loss.kl.estimator == "k3" and rl.model.tiny["max_positions"] == 256
     assert set(ALPHABET) >= set(string.ascii_lowercase) and rl.model.tiny["task"] == "function_graph"
+
+
+def test_model_written_codes_syntax_warnings_stay_off_the_runs_stderr():
+    import warnings
+
+    from reasonrl.rewards.fsg_exec import runnable_spans
+    from reasonrl.rewards.fsg_parse import code_policy_violation, parse_completion, signature_matches
+
+    code = "def f1(a,b):return 1(a)"  # valid syntax that Python warns about ('int' is not callable)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compile(code, "<probe>", "exec")
+    assert any(issubclass(w.category, SyntaxWarning) for w in caught)  # the probe does warn
+    graph = {"nodes": [{"id": "f1", "signature": "f1(a,b)"}]}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert code_policy_violation(code) is None and signature_matches(code, "f1(a,b)")
+        assert runnable_spans(parse_completion(f"<f1>{code}</f1>", ["f1"]), graph, policy=True)[0] == {"f1": code}
+    assert not [w for w in caught if issubclass(w.category, SyntaxWarning)]

@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from reasonrl.registry import REWARDS
 from reasonrl.rewards.fsg_parse import (ParsedCompletion, answers_equal, code_policy_violation, node_ids,
-                                        parse_completion, signature_matches)
+                                        parse_completion, quiet_syntax_warnings, signature_matches)
 from reasonrl.tasks.base import Problem
 
 __all__ = ["Verdict", "verify", "run_jobs", "runnable_spans", "HARNESS", "RELATIONS", "NODE_WEIGHTS"]
@@ -253,8 +252,7 @@ def runnable_spans(parsed: ParsedCompletion, graph: dict, policy: bool = True) -
         why = code_policy_violation(span.text) if policy else None
         if why is None:
             try:
-                with warnings.catch_warnings():  # model-written code: its SyntaxWarnings are not the run's
-                    warnings.simplefilter("ignore", SyntaxWarning)
+                with quiet_syntax_warnings():
                     compile(span.text, "<span>", "exec")
             except (SyntaxError, ValueError) as exc:
                 why = f"syntax error: {exc}"

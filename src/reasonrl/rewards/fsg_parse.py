@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -127,11 +129,26 @@ def _shape(fn: ast.FunctionDef) -> tuple:
             [x.arg for x in a.kwonlyargs], a.kwarg and a.kwarg.arg)
 
 
+@contextmanager
+def quiet_syntax_warnings():
+    """Model-written code's SyntaxWarnings (``1(2)``, ``1_a``) are not the run's: parsing or
+    compiling it inside this block keeps them off the run's stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        yield
+
+
+def parse_untrusted(code: str) -> ast.Module:
+    """``ast.parse`` of model-written code, its SyntaxWarnings silenced."""
+    with quiet_syntax_warnings():
+        return ast.parse(code)
+
+
 def signature_matches(code: str, signature: str) -> bool:
     """Exactly one top-level ``def`` of the signature's name, with the same parameters."""
     expected = ast.parse(f"def {signature}:\n    pass\n").body[0]
     try:
-        tree = ast.parse(code)
+        tree = parse_untrusted(code)
     except (SyntaxError, ValueError):
         return False
     defs = [s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == expected.name]
@@ -141,7 +158,7 @@ def signature_matches(code: str, signature: str) -> bool:
 def code_policy_violation(code: str) -> str | None:
     """Why ``code`` may not run (None: it may); see the module docstring."""
     try:
-        tree = ast.parse(code)
+        tree = parse_untrusted(code)
     except (SyntaxError, ValueError) as exc:
         return f"syntax error: {exc.msg if isinstance(exc, SyntaxError) else exc}"
     for node in ast.walk(tree):
