@@ -85,6 +85,14 @@ Weight = Annotated[float, Range(ge=0)]
 LAMBDA_TEACH = 0.25  # the reference's teacher runs (config/grpo_teacher_*.json)
 
 
+def rows_by_group(group_ids: list[int]) -> dict[int, list[int]]:
+    """The row indices of each group, in order of first appearance."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        groups[g].append(i)
+    return groups
+
+
 def consensus(parsed: list[ParsedCompletion], ids: list[list[str]], group_ids: list[int]) -> list[float]:
     """Per rollout: over its nodes with a span, the share of its group's spans of that node that
     agree with its own (whitespace-free code; ``main``: the stated answer when there is one), averaged."""
@@ -96,9 +104,7 @@ def consensus(parsed: list[ParsedCompletion], ids: list[list[str]], group_ids: l
             return "answer:" + p.answer
         return "code:" + "".join(span.text.split())
 
-    groups: dict[int, list[int]] = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        groups[g].append(i)
+    groups = rows_by_group(group_ids)
     out = [0.0] * len(parsed)
     for rows in groups.values():
         counts = {node: Counter(v for r in rows if (v := value(parsed[r], node)) is not None) for node in ids[rows[0]]}
@@ -221,9 +227,7 @@ class FSGVerifier(Method):
               group_ids: list[int], step: int) -> tuple[list[float], list[list[float]], int]:
         """(t [B], t_n per row in graph order, groups whose judge failed): the judge called once per
         group, with the seed of (run seed, step, the group's first row)."""
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, g in enumerate(group_ids):
-            groups[g].append(i)
+        groups = rows_by_group(group_ids)
         who = f"fsg_verifier teacher '{self.teacher}'"
 
         def judge(rows: list[int]) -> tuple[list[float], list[list[float]]]:
