@@ -35,6 +35,7 @@ __all__ = [
     "ppo_clip_loss",
     "gspo_loss",
     "cispo_loss",
+    "no_policy_loss",
     "AGG_MODES",
     "aggregate",
 ]
@@ -199,6 +200,17 @@ def cispo_loss(
         clipped=((ratio > cap) & valid).to(loss.dtype),
         ratio=torch.where(valid, ratio, zero),
     )
+
+
+@POLICY_LOSSES.register("none")
+def no_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor) -> PolicyLossOutput:
+    """No policy-gradient term: 0 on every token, with a zero gradient (the graph is kept, so a
+    step whose only term is zero still runs). The objective is then what the methods add
+    (``Method.loss_term``: pure on-policy distillation, ``methods: [{name: opd}]``) plus the
+    recipe's KL and entropy terms. Rewards are still computed and logged."""
+    valid, logp, old, _ = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    zero = torch.zeros_like(logp)
+    return PolicyLossOutput(loss=logp * 0.0, clipped=zero, ratio=torch.where(valid, torch.ones_like(logp), zero))
 
 
 # --------------------------------------------------------------------------- aggregation

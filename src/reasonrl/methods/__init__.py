@@ -5,4 +5,5 @@ from reasonrl.methods import critic  # noqa: F401  (registers "critic", PPO's va
 from reasonrl.methods import necessity  # noqa: F401  (registers "necessity_reward", OmniSeek's r_avn)
 from reasonrl.methods import fsg  # noqa: F401  (registers "fsg_verifier", FSG-RL's verifier and span map)
 from reasonrl.methods import advice_gain  # noqa: F401  (registers "advice_gain", the advisor's stage-2 information gain)
+from reasonrl.methods import opd  # noqa: F401  (registers "opd", on-policy distillation)
 from reasonrl.methods.base import Method, MethodContext, build_methods  # noqa: F401

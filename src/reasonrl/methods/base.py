@@ -5,15 +5,24 @@ class registered in ``METHODS`` and named in the recipe's ``methods:`` list (or 
 section of its own, as ``teacher:`` enables ``residual_teacher``). The Trainer never names a
 method; it calls these hooks, in this order, every step::
 
-    sample → score → select → [annotate] → advantages → update policy → [after_update] → metrics
+    sample → score → select → [extend_batch] → [annotate] → advantages → update policy (+ [loss_term]) → [after_update] → metrics
 
 - ``check(recipe, need, config)`` (a classmethod): when the recipe loads, rules that depend on
   other sections (``need(cond, message)`` fails the load with a ConfigError).
 - ``setup(ctx)``: once, before training (or resuming): build models and learners. ``ctx`` has
   the recipe, the policy, the run folder, a log function and ``ctx.learner(params, optim)``,
   which gives the method the same optimisation loop the policy uses.
+- ``extend_batch(batch, step)``: on the scored, selected batch, before ``annotate``: returns
+  the batch to train on (rows replaced or added, each scored; e.g. ARG's guided continuations
+  for groups that all failed) and metrics. The default returns the batch unchanged.
 - ``annotate(batch, step)``: on the scored, selected batch, before advantages; may write the
   ``batch.aux`` keys it declares in ``produces``. Returns metrics.
+- ``loss_term(inputs)``: a term added to the policy's loss on every micro-batch of the policy
+  update (``inputs``: ``reasonrl.train.objective.TermInputs`` — the micro-batch, its mini-batch,
+  the policy's completion logits and log-probs with gradient, the loss mask, and ``aggregate``
+  with the mini-batch's totals, so the term does not depend on the split). Returns
+  ``(loss, stats)``; stats named ``token/<name>`` are token sums, logged as their token mean.
+  Only methods that override it are called (a distillation teacher, a self-distillation view).
 - ``after_update(batch, step)``: after the policy's optimiser steps, on the same batch; may
   read the keys it declares in ``consumes`` (e.g. the advantages' verifier part). Returns metrics.
 - ``holds_policy(step)``: True skips the policy's optimiser step this step (the batch is still
@@ -48,6 +57,13 @@ class MethodContext:
     log: Callable[[str], None]
     learner: Callable[..., Any] = field(repr=False, default=None)
     """``learner(parameters, optim_config) -> reasonrl.train.optim.Learner``."""
+    scorer: Any = field(repr=False, default=None)
+    """The run's reward scorer (``reasonrl.rewards.scorer.Scorer``) for a method that samples and
+    scores rollouts of its own (a teacher's screening, guided continuations); None where the
+    rollout source scores elsewhere (async)."""
+    task: Any = field(repr=False, default=None)
+    generator: Any = field(repr=False, default=None)
+    """The run's random generator: draws from it are restored on resume with the run's state."""
 
 
 class Method:
@@ -76,8 +92,14 @@ class Method:
     def setup(self, ctx: MethodContext) -> None:
         pass
 
+    def extend_batch(self, batch: RolloutBatch, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        return batch, {}
+
     def annotate(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         return {}
+
+    def loss_term(self, inputs: Any) -> tuple[Any, dict[str, float]]:
+        raise NotImplementedError  # never called unless overridden (see the module docstring)
 
     def after_update(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         return {}

@@ -74,6 +74,10 @@ class ArithmeticTask:
     template: str = "{expr}" + PROMPT_END
     """The prompt for one problem; ``{expr}`` is the expression. A pretrained model wants
     words, e.g. ``"Question: What is {expr}?\\nAnswer:"``."""
+    forms: tuple[str, ...] | None = None
+    """The problem forms to draw from (None: all four). ``["(a+b)*c", "c*(a+b)"]`` is the
+    embedded model's hard split: the bracketed forms whose warm-up carried the systematic
+    mistake, where most of its groups fail entirely."""
     few_shot: int = 0
     """Worked, correct exemplars (``template`` + " " + solution) put before each prompt;
     they are fixed training problems, left out of the training stream."""
@@ -89,9 +93,14 @@ class ArithmeticTask:
             raise ValueError(f"task.max_operand must be >= 1, got {self.max_operand}")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError(f"task.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+        if self.forms is not None:
+            unknown = [f for f in self.forms if f not in FORMS]
+            if unknown or not self.forms:
+                raise ValueError(f"task.forms must be a non-empty list of {', '.join(FORMS)}; got {list(self.forms)}")
+            self.forms = tuple(self.forms)
         space = [
             (form, a, b, c)
-            for form in FORMS
+            for form in (self.forms or FORMS)
             for a in range(self.max_operand + 1)
             for b in range(self.max_operand + 1)
             for c in range(2, 10)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ from reasonrl.algos.masked import masked_sum
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, LossConfig
 from reasonrl.params import inject
-from reasonrl.policy.hf import HFPolicy
+from reasonrl.policy.hf import HFPolicy, token_logprobs_and_entropy
 from reasonrl.registry import KL_ESTIMATORS, POLICY_LOSSES
 
 TOKEN = "token/"
@@ -88,13 +89,41 @@ def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: floa
                                       temperature=temperature, with_entropy=with_entropy)
 
 
+@dataclass
+class TermInputs:
+    """What a method's extra loss term (``Method.loss_term``) sees on one micro-batch."""
+
+    micro: RolloutBatch
+    mini: RolloutBatch  # the micro-batch's mini-batch: for totals of the method's own
+    logits: Tensor  # [n, T, V] the policy's next-token logits at the completion positions, with gradient
+    logprobs: Tensor  # [n, T] log-probs of the sampled tokens at the sampling temperature, with gradient
+    mask: Tensor  # [n, T] the tokens the policy loss sees (``loss_mask``)
+    temperature: float
+    agg: dict  # the recipe's aggregation with the mini-batch's totals
+
+    def aggregate(self, per_token: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Reduce a per-token term like the policy loss (same mode, same mini-batch totals), so
+        the term, too, does not depend on the micro-batch split."""
+        return aggregate(per_token, self.mask if mask is None else mask, **self.agg)
+
+
+LossTerm = Callable[[TermInputs], "tuple[Tensor, dict[str, float]]"]
+
+
 def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, totals: Totals,
-                     temperature: float, share_prompt: bool) -> tuple[Tensor, dict[str, float]]:
-    """Returns the loss to back-propagate and summed statistics for metrics."""
+                     temperature: float, share_prompt: bool, terms: Sequence[LossTerm] = (),
+                     mini: RolloutBatch | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Returns the loss to back-propagate and summed statistics for metrics. ``terms``: the
+    methods' extra loss terms (``Method.loss_term``), each added as it returns it."""
     if totals.group_rows is not None:  # before the forward pass: fail fast
         check_whole_groups(micro, totals.group_rows, cfg.policy)
     mask = loss_mask(micro, cfg)
-    logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True)
+    if terms:  # a term may need the full distributions: one forward pass serves both
+        logits = policy.completion_logits(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
+                                          micro.completion_mask, micro.group_ids if share_prompt else None)
+        logp, entropy = token_logprobs_and_entropy(logits, micro.completion_ids, temperature, with_entropy=True)
+    else:
+        logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True)
     # With one optimisation pass over freshly sampled data, π_old = π_θ: no extra forward pass.
     old = micro.old_logprobs if micro.old_logprobs is not None else logp.detach()
     loss_fn = POLICY_LOSSES.get(cfg.policy)
@@ -114,6 +143,13 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
             loss = loss + cfg.kl.coef * aggregate(kl, mask, **agg)
     if cfg.entropy_coef:
         loss = loss - cfg.entropy_coef * aggregate(entropy, mask, **agg)
+    if terms:
+        inputs = TermInputs(micro=micro, mini=micro if mini is None else mini, logits=logits, logprobs=logp,
+                            mask=mask, temperature=temperature, agg=agg)
+        for term in terms:
+            extra, term_stats = term(inputs)
+            loss = loss + extra
+            stats.update(term_stats)
     stats.update({TOKEN + k: float(masked_sum(v.detach(), mask)) for k, v in per_token.items()})
     return loss, stats
 

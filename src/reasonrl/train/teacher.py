@@ -32,7 +32,7 @@ from reasonrl.policy.factory import build_policy
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.train.optim import Learner
 
-__all__ = ["Teacher", "check_shared_vocabulary", "completion_logits"]
+__all__ = ["Teacher", "build_teacher_policy", "check_shared_vocabulary", "completion_logits"]
 
 
 def check_shared_vocabulary(student_tokenizer, teacher_tokenizer, role: str = "teacher") -> None:
@@ -56,22 +56,38 @@ def completion_logits(policy: HFPolicy, batch: RolloutBatch) -> Tensor:
                                     batch.completion_mask, batch.group_ids)
 
 
+def build_teacher_policy(cfg: Any, student: HFPolicy, log: Callable[[str], None] | None = None,
+                         trainable: bool = False, role: str = "teacher") -> HFPolicy:
+    """A second model from a ``model:`` section (a ``ModelConfig``, or its mapping, named
+    ``methods[<role>].model`` in errors) on the student's device, checked to read the student's
+    token ids. Its LoRA, if any, is the caller's to apply."""
+    if isinstance(cfg, dict):
+        from reasonrl.config import ModelConfig, build_section
+
+        cfg = build_section(ModelConfig, cfg, "recipe", f"methods[{role}].model")
+    # Building an uncached tiny model reseeds and draws from the global RNG; isolate it so a
+    # run does not depend on what was cached.
+    with torch.random.fork_rng(devices=[]):
+        policy = build_policy(dataclasses.replace(cfg, lora=None), log=log, trainable=trainable)
+    check_shared_vocabulary(student.tokenizer, policy.tokenizer, role)
+    policy.model.to(student.device)
+    policy.device = student.device
+    if not trainable:
+        policy.model.eval()
+    return policy
+
+
 class Teacher:
     """π_T built from a recipe's ``teacher:`` section, checked against the student's vocabulary."""
 
     def __init__(self, cfg: TeacherConfig, student: HFPolicy, log: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
-        # Building an uncached tiny model reseeds and draws from the global RNG; isolate it so a
-        # run (and its adapter's initialisation below) does not depend on what was cached.
-        with torch.random.fork_rng(devices=[]):
-            self.policy = build_policy(dataclasses.replace(cfg.model, lora=None), log=log, trainable=cfg.update)
+        self.policy = build_teacher_policy(cfg.model, student, log, trainable=cfg.update)
         if cfg.lora is not None:
             from reasonrl.policy.lora import apply_lora
 
             self.policy.model = apply_lora(self.policy.model, cfg.lora)
-        check_shared_vocabulary(student.tokenizer, self.policy.tokenizer)
-        self.policy.model.to(student.device)
-        self.policy.device = student.device
+            self.policy.model.to(student.device)
         self.learner = None
         if cfg.update:
             # Constant LR, no warm-up, the per-tensor AdamW kernel: the teacher's update as first published here.

@@ -1,6 +1,7 @@
 """The ``Trainer``: wires the stages together and runs the loop. No algorithm lives here.
 
-    source.next_batch (prompt sampler → sample G per prompt → score) → select → methods.annotate
+    source.next_batch (prompt sampler → sample G per prompt → score) → select → methods.extend_batch
+    → methods.annotate
     → behaviour/proximal log-probs, off-policy weights → advantages → num_iterations passes over
     mini-batches (the Learner) → methods.after_update → source.publish(weights) → repeat
 
@@ -30,7 +31,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, Recipe
 from reasonrl.evaluate.evaluator import EvalResult, Evaluator
 from reasonrl.fsutil import atomic_write_text
-from reasonrl.methods.base import MethodContext, build_methods
+from reasonrl.methods.base import Method, MethodContext, build_methods
 from reasonrl.params import inject
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
@@ -106,7 +107,8 @@ class Trainer:
             recipe=r, policy=self.policy, scorer=self.scorer, task=self.task, sampler=self.sampler,
             generator=self.generator, log=self.log))
         ctx = MethodContext(recipe=r, policy=self.policy, run_dir=self.run_dir, log=self.log,
-                            learner=lambda params, optim: Learner(params, optim, r.train.steps))
+                            learner=lambda params, optim: Learner(params, optim, r.train.steps),
+                            scorer=self.scorer, task=self.task, generator=self.generator)
         for _, method in self.methods:
             method.setup(ctx)
         self.state = TrainState()
@@ -212,6 +214,9 @@ class Trainer:
             selected = inject(select, (batch,), pipeline, params)
             batch, extra = selected if isinstance(selected, tuple) else (selected, {})
             metrics.update({f"selection/{spec.name}/{k}": v for k, v in extra.items()})
+        for _, method in self.methods:  # e.g. guided continuations for groups that all failed
+            batch, extra = method.extend_batch(batch, step)
+            metrics.update(extra)
         if self.token_reward is not None:  # only for the rows that will be trained on
             with watch("score"):
                 fn, params = self.token_reward
@@ -269,12 +274,13 @@ class Trainer:
         # The mini-batch's totals, computed once per mini-batch; holding the mini-batch itself
         # (not its id) so a later one can never be mistaken for it.
         current: dict[str, Any] = {"mini": None, "totals": None}
+        terms = [m.loss_term for _, m in self.methods if type(m).loss_term is not Method.loss_term]
 
         def loss_fn(micro: RolloutBatch, mini: RolloutBatch, _pass: int, _j: int):
             if current["mini"] is not mini:
                 current.update(mini=mini, totals=totals(mini, r.loss, r.rollout.max_new_tokens))
             return micro_batch_loss(self.policy, micro, r.loss, current["totals"],
-                                    r.rollout.temperature, r.train.share_prompt)
+                                    r.rollout.temperature, r.train.share_prompt, terms, mini)
 
         sums, norms = self.learner.optimise(batch, loss_fn, passes=r.train.num_iterations,
                                             mini_batch_size=r.train.mini_batch_size,
