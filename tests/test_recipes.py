@@ -1,8 +1,10 @@
 """Every shipped recipe loads and trains for two steps (on the mini model, for speed)."""
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reasonrl.config import load_recipe
 from reasonrl.train.metrics import read_metrics
@@ -25,6 +27,13 @@ def test_recipe_runs(path, tmp_path):
     overrides = [f"model.tiny.{k}={v}" for k, v in MINI_TINY.items()]
     if load_recipe(path).teacher is not None:  # a mini teacher too, not the 1500-step one
         overrides += [f"teacher.model.tiny.{k}={v}" for k, v in MINI_TINY.items()]
+    raw_methods = [dict(m) for m in yaml.safe_load(path.read_text()).get("methods") or []]
+    for entry in raw_methods:  # a tiny model a method owns (a distillation teacher) is a mini one too
+        for key, value in entry.items():
+            if isinstance(value, dict) and value.get("backend") == "tiny":
+                entry[key] = {**value, "tiny": {**value.get("tiny", {}), **MINI_TINY}}
+    if raw_methods:
+        overrides.append("methods=" + json.dumps(raw_methods))
     env = load_recipe(path).env
     if env is not None and env.name == "advisor" and env.params.get("advisor", "tiny") == "tiny":
         overrides += [f"env.advisor_params.tiny.{k}={v}" for k, v in MINI_TINY.items()]  # a mini advisor too

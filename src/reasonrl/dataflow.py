@@ -5,7 +5,8 @@ component declares the keys it writes and reads — a function with :func:`decla
 with ``Method.declared_keys`` — and :func:`check_data_flow` walks the recipe's stages in the
 order the Trainer runs them::
 
-    selection → token_reward → methods.annotate → advantage → loss → methods.after_update
+    selection → token_reward → methods.annotate → advantage → loss → methods.loss_term
+    → methods.after_update
 
 A key read before any earlier stage wrote it is a recipe error naming the reader, the key and
 the registered components that could write it; a key a method writes that nothing reads is an
@@ -45,6 +46,7 @@ def _stages(r: Any) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
     stages += [(f"method '{name}'", *keys.get("annotate", ((), ()))) for name, keys in methods]
     stages.append((f"advantage '{r.advantage.name}'", *_fn_keys(ADVANTAGES.get(r.advantage.name))))
     stages.append((f"loss.policy '{r.loss.policy}'", *_fn_keys(POLICY_LOSSES.get(r.loss.policy))))
+    stages += [(f"method '{name}' (its loss term)", *keys["loss_term"]) for name, keys in methods if "loss_term" in keys]
     stages += [(f"method '{name}' (after the update)", *keys.get("after_update", ((), ()))) for name, keys in methods]
     return stages
 

@@ -6,4 +6,7 @@ from reasonrl.methods import necessity  # noqa: F401  (registers "necessity_rewa
 from reasonrl.methods import fsg  # noqa: F401  (registers "fsg_verifier", FSG-RL's verifier and span map)
 from reasonrl.methods import advice_gain  # noqa: F401  (registers "advice_gain", the advisor's stage-2 information gain)
 from reasonrl.methods import opd  # noqa: F401  (registers "opd", on-policy distillation)
+from reasonrl.methods import ts_opd  # noqa: F401  (registers "ts_opd", transfer-stratified OPD)
+from reasonrl.methods import srd  # noqa: F401  (registers "srd", self-retrospection distillation)
+from reasonrl.methods import arg  # noqa: F401  (registers "arg", adaptive reference guidance)
 from reasonrl.methods.base import Method, MethodContext, build_methods  # noqa: F401

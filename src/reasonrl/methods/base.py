@@ -79,7 +79,7 @@ class Method:
 
     @classmethod
     def declared_keys(cls, config: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-        """``{"annotate": (produces, consumes), "after_update": (produces, consumes)}`` for this
+        """``{"annotate": (produces, consumes), "loss_term": ..., "after_update": ...}`` for this
         configuration: the ``batch.aux`` keys each hook writes and reads."""
         return {}
 
