@@ -99,7 +99,9 @@ def straight_and_resumed(recipe, tmp_path, monkeypatch):
     from reasonrl.train.trainer import Trainer
 
     Trainer(recipe, tmp_path / "a", log=lambda m: None).run()
-    crash = random.Random().randint(1, recipe.train.steps - 1)
+    # A crash before the first checkpoint leaves nothing to resume from (a fresh run is the right
+    # response to that, and --resume refuses it): crash after one.
+    crash = random.Random().randint(recipe.train.checkpoint_every, recipe.train.steps - 1)
     with crash_at_step(monkeypatch, crash):
         Trainer(recipe, tmp_path / "b", log=lambda m: None).run()
     Trainer(recipe, tmp_path / "b", resume=True, log=lambda m: None).run()

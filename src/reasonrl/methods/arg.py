@@ -72,7 +72,7 @@ class AdaptiveReferenceGuidance(Method):
                  prefix_mode: Literal["context", "weighted"] = "context",
                  clip: Annotated[float, Range(gt=0, why="c in w = clip(π/π_ref, 0, c)")] = 1.0,
                  beta: Annotated[float, Range(ge=0, why="the weight of the exact KL to π_ref")] = 1e-3,
-                 selector_lr: Annotated[float, Range(ge=0)] = 2.0,
+                 selector_lr: Annotated[float, Range(ge=0)] = 5.0,
                  baseline_decay: Annotated[float, Range(ge=0, le=1)] = 0.9,
                  mix_failed: bool = False,
                  success_threshold: float = 0.0) -> None:

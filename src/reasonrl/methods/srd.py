@@ -34,7 +34,7 @@ each optimiser step), ``srd/loss`` (L_SRD per optimiser step, before λ), ``srd/
 ``srd/uniform_distilled_fraction``, ``srd/foresight_len``, ``srd/knowledge`` and
 ``srd/pitfalls`` (trajectories kept in H per group), ``srd/skipped_groups`` (bare c_T too long
 for the context), ``srd/foresight_reward`` (the task's reward of f, when the run scores in the
-learner: is the informed view actually better?), ``srd/foresight_s``.
+learner: is the informed view actually better?), ``perf/srd_foresight_s``.
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ class SelfRetrospectionDistillation(Method):
                     scores = self.scorer(s.texts, problems, lengths.long().tolist(), s.truncated.tolist())
                     metrics["srd/foresight_reward"] = sum(scores.total) / len(scores.total)
         batch.aux.update({k: v.to(device) for k, v in aux.items()})
-        metrics["srd/foresight_s"] = time.perf_counter() - started
+        metrics["perf/srd_foresight_s"] = time.perf_counter() - started
         return metrics
 
     # -- the loss term ------------------------------------------------------------------
