@@ -133,6 +133,23 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_expdis(args: argparse.Namespace) -> int:
+    """ExpDis rounds (explore → filter → distil); see docs/methods/expdis.md."""
+    from reasonrl.loops.expdis import ExpDisLoop, load_expdis_recipe, saved_recipe
+
+    if args.resume:
+        if args.set:
+            raise ConfigError("--set cannot change a run being resumed; start a new run instead")
+        recipe = saved_recipe(args.output)
+    elif not args.recipe:
+        raise ConfigError("expdis needs a RECIPE.yaml (or --resume with -o OUT)")
+    else:
+        recipe = load_expdis_recipe(args.recipe, args.set)
+    summary = ExpDisLoop(recipe, args.output, resume=args.resume).run()
+    print(json.dumps({k: summary[k] for k in ("out", "final_model", "start_eval", "final_eval", "wall_seconds")}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     box.add_argument("--max-output-bytes", type=int, default=64_000, metavar="N",
                      help="stdout kept, in bytes (default 64000)")
     box.set_defaults(func=cmd_sandbox)
+
+    exd = sub.add_parser("expdis", help="ExpDis: rounds of novelty-seeking explorers, filter, SFT of the student")
+    exd.add_argument("recipe", nargs="?", help="the explorers' recipe (advantage novelty + method novelty_memory)")
+    exd.add_argument("-o", "--output", required=True, help="output folder")
+    exd.add_argument("--resume", action="store_true", help="continue the loop in --output where it stopped")
+    exd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a recipe value; expdis.<key>=... sets the loop's settings (repeatable)")
+    exd.set_defaults(func=cmd_expdis)
     return parser
 
 
