@@ -9,5 +9,6 @@ from reasonrl.methods import opd  # noqa: F401  (registers "opd", on-policy dist
 from reasonrl.methods import ts_opd  # noqa: F401  (registers "ts_opd", transfer-stratified OPD)
 from reasonrl.methods import srd  # noqa: F401  (registers "srd", self-retrospection distillation)
 from reasonrl.methods import arg  # noqa: F401  (registers "arg", adaptive reference guidance)
+from reasonrl.methods import synco  # noqa: F401  (registers "synco", a Synthesizer co-trained with the Reasoner)
 from reasonrl.methods import novelty  # noqa: F401  (registers "novelty_memory", the ExpDis explorers' memory)
 from reasonrl.methods.base import Method, MethodContext, build_methods  # noqa: F401
