@@ -21,12 +21,14 @@ def test_eval_writes_recomputable_metrics_and_is_deterministic(tmp_path, capsys)
     assert a["per_problem"] == b["per_problem"] and a["metrics"] == b["metrics"]
     rows, m = a["per_problem"], a["metrics"]
     assert len(rows) == 6 and set(m) >= {"avg@4", "pass@1", "pass@2", "maj@1", "maj@2", "greedy",
-                                          "response_length", "token_entropy", "format_failure_rate"}
+                                          "response_length", "token_entropy", "format_failure_rate", "distinct_correct@4"}
     expected = sum(pass_at_k(4, r["correct"], 2) for r in rows) / 6
     assert abs(m["pass@2"]["mean"] - expected) < 1e-12
     assert m["pass@1"]["mean"] == m["avg@4"]["mean"] or abs(m["pass@1"]["mean"] - m["avg@4"]["mean"]) < 1e-12
     assert m["avg@4"]["ci_low"] <= m["avg@4"]["mean"] <= m["avg@4"]["ci_high"]
     assert 0 <= m["format_failure_rate"] <= 1 and m["token_entropy"] > 0
+    assert m["distinct_correct@4"] == sum(r["distinct_correct"] for r in rows) / 6
+    assert all(r["distinct_correct"] <= r["correct"] for r in rows)
     out = capsys.readouterr().out
     assert "pass@2" in out and "problems/s" in out
 

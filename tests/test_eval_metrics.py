@@ -4,7 +4,7 @@ import math
 import pytest
 
 from reasonrl.evaluate.calibration import auroc, brier_score, expected_calibration_error, overconfidence_rate
-from reasonrl.evaluate.metrics import avg_at_k, bootstrap_ci, maj_at_k, majority_answer, pass_at_k
+from reasonrl.evaluate.metrics import avg_at_k, bootstrap_ci, distinct_correct, maj_at_k, majority_answer, pass_at_k
 
 
 def test_pass_at_k_hand_values():
@@ -68,3 +68,10 @@ def test_calibration_hand_values():
     assert overconfidence_rate(conf, ok) == 0.5
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         brier_score([1.2], [True])
+
+
+def test_distinct_correct_counts_different_correct_texts_only():
+    texts = ["1+2=3;####3", " 1+2=3;####3", "2+1=3;####3", "1+2=4;####4", "####3"]
+    correct = [True, True, True, False, True]
+    assert distinct_correct(texts, correct) == 3  # the trimmed duplicate counts once, the wrong one not at all
+    assert distinct_correct(texts, [False] * 5) == 0

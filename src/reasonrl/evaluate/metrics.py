@@ -36,6 +36,13 @@ def avg_at_k(correct: Sequence[bool]) -> float:
     return sum(map(bool, correct)) / len(correct)
 
 
+def distinct_correct(texts: Sequence[str], correct: Sequence[bool]) -> int:
+    """How many different correct solutions a problem's samples contain: distinct texts
+    (whitespace-trimmed) among the correct ones. A diversity measure beside pass@k (two
+    samples with the same answer but different steps count twice; ExpDis's headline)."""
+    return len({t.strip() for t, c in zip(texts, correct) if c})
+
+
 def majority_answer(answers: Sequence[Hashable | None]) -> Hashable | None:
     """The most frequent extracted answer, ties broken by first occurrence; ``None``
     (no answer extracted) never wins unless nothing else was extracted."""

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.evaluate.calibration import auroc, brier_score, expected_calibration_error, overconfidence_rate
-from reasonrl.evaluate.metrics import bootstrap_ci, majority_answer, pass_at_k
+from reasonrl.evaluate.metrics import bootstrap_ci, distinct_correct, majority_answer, pass_at_k
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rollout.episodes import sample_problems
 from reasonrl.tasks.base import Problem
@@ -71,6 +71,7 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
                 "majority_votes": answers.count(winner) if winner is not None else 0,
                 "majority_correct": _majority_correct(answers, correct),
                 "format_failures": sum(a is None for a in answers),
+                "distinct_correct": distinct_correct(texts, correct),
                 "tokens": int(lengths[span].sum()),
                 "nll": float(-logp[span].sum()),
                 # geometric-mean token probability of each sample: a confidence every model has
@@ -117,6 +118,8 @@ def summarise(rows: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
     tokens = sum(r["tokens"] for r in rows)
     metrics["response_length"] = tokens / (n * len(rows))
     metrics["token_entropy"] = sum(r["nll"] for r in rows) / max(tokens, 1)
+    if all("distinct_correct" in r for r in rows):  # rows saved before it existed lack it
+        metrics[f"distinct_correct@{n}"] = sum(r["distinct_correct"] for r in rows) / len(rows)
     metrics["format_failure_rate"] = sum(r["format_failures"] for r in rows) / (n * len(rows))
     metrics.update(_calibration(rows))
     if "group_metrics" in rows[0]:
