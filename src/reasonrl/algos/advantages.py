@@ -19,6 +19,7 @@ from reasonrl.algos.masked import as_float, group_stats, masked_sum, masked_whit
 from reasonrl.registry import ADVANTAGES
 
 __all__ = [
+    "base_advantage",
     "GRPO_SCALES",
     "sequence_scores",
     "grpo_advantages",
@@ -163,3 +164,27 @@ def reinforce_pp_baseline_advantages(token_rewards: Tensor, response_mask: Tenso
     scores = sequence_scores(token_rewards, response_mask)
     mean, _, _ = group_stats(scores, group_ids)
     return masked_whiten(broadcast(scores - mean, response_mask), response_mask)
+
+
+def base_advantage(wrapper: str, base: str, base_params: dict | None, token_rewards: Tensor, response_mask: Tensor,
+                   group_ids: Tensor, batch=None, step: int | None = None, total_steps: int | None = None) -> Tensor:
+    """The advantage of the registered estimator ``base`` with ``base_params``, for an advantage
+    ``wrapper`` that adds its own term to another's (``residual``, ``novelty``): the name and
+    parameters are checked (errors name ``advantage.base`` / ``advantage.base_params``), and the
+    base gets the pipeline values (batch, step, total_steps) its signature declares."""
+    from reasonrl.params import check_component_params, inject
+    from reasonrl.registry import UnknownNameError
+
+    if base == wrapper:
+        raise ValueError(f"advantage.base must be a base estimator (grpo, rloo, reinforce_pp, ...), not '{wrapper}'")
+    if base_params is not None and not isinstance(base_params, dict):
+        raise ValueError(f"advantage.base_params must be a mapping of the base estimator's parameters, "
+                         f"got {base_params!r}")
+    try:
+        base_fn = ADVANTAGES.get(base)
+    except UnknownNameError as exc:
+        raise ValueError(f"advantage.base: {exc}") from None
+    pipeline = {"batch": batch, "step": step, "total_steps": total_steps}
+    params = check_component_params(base_fn, base_params or {}, f"advantage '{base}'", "advantage.base_params",
+                                    ("token_rewards", "response_mask", "group_ids", *pipeline))
+    return inject(base_fn, (token_rewards, response_mask, group_ids), pipeline, params)

@@ -33,8 +33,8 @@ from torch import Tensor
 
 from reasonrl.algos.masked import as_float
 from reasonrl.dataflow import declares
-from reasonrl.params import check_component_params, inject
-from reasonrl.registry import ADVANTAGES, UnknownNameError
+from reasonrl.algos.advantages import base_advantage
+from reasonrl.registry import ADVANTAGES
 
 __all__ = [
     "NOVELTY_KEY",
@@ -206,23 +206,12 @@ def novelty(
     N and 1[R=1] are read from ``batch.aux`` (written by the ``novelty_memory`` method's
     ``annotate``). Formalised from the spec (specs/methods-a.md §7; no paper found).
     """
-    if base == "novelty":
-        raise ValueError("advantage.base must be a base estimator (grpo, rloo, ...), not 'novelty'")
-    if base_params is not None and not isinstance(base_params, dict):
-        raise ValueError(f"advantage.base_params must be a mapping of the base estimator's parameters, "
-                         f"got {base_params!r}")
     _check_beta(beta)
     aux = getattr(batch, "aux", None) or {}
     missing = [k for k in (NOVELTY_KEY, CORRECT_KEY) if k not in aux]
     if missing:
         raise ValueError(f"advantage 'novelty' needs the method 'novelty_memory' in the recipe's methods: "
                          f"batch.aux lacks {', '.join(missing)}")
-    try:
-        base_fn = ADVANTAGES.get(base)
-    except UnknownNameError as exc:
-        raise ValueError(f"advantage.base: {exc}") from None
-    pipeline = {"batch": batch, "step": step, "total_steps": total_steps}
-    params = check_component_params(base_fn, base_params or {}, f"advantage '{base}'", "advantage.base_params",
-                                    ("token_rewards", "response_mask", "group_ids", *pipeline))
-    base_adv = inject(base_fn, (token_rewards, response_mask, group_ids), pipeline, params)
+    base_adv = base_advantage("novelty", base, base_params, token_rewards, response_mask, group_ids, batch, step,
+                              total_steps)
     return novelty_advantages(base_adv, aux[NOVELTY_KEY], aux[CORRECT_KEY], response_mask, beta=beta)

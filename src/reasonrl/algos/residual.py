@@ -28,8 +28,8 @@ from torch import Tensor
 
 from reasonrl.algos.masked import as_float, masked_mean
 from reasonrl.dataflow import declares
-from reasonrl.params import check_component_params, inject
-from reasonrl.registry import ADVANTAGES, UnknownNameError
+from reasonrl.algos.advantages import base_advantage
+from reasonrl.registry import ADVANTAGES
 
 __all__ = [
     "AUX_KEYS",
@@ -202,26 +202,14 @@ def residual(
     ``Teacher.annotate``). A^ver is stored in ``batch.aux["verifier_advantage"]`` so that
     the CoRA teacher update uses exactly it. Formalised from the spec (paper not available).
     """
-    if base == "residual":
-        raise ValueError("advantage.base must be a verifier advantage (grpo, reinforce_pp, ...), not 'residual'")
-    if base_params is not None and not isinstance(base_params, dict):
-        raise ValueError(f"advantage.base_params must be a mapping of the base estimator's parameters, "
-                         f"got {base_params!r}")
     _check_lam_clip(lam, clip)
     aux = getattr(batch, "aux", None) or {}
     missing = [k for k in AUX_KEYS if k not in aux]
     if missing:
         raise ValueError(f"advantage 'residual' needs a `teacher:` section in the recipe: batch.aux lacks "
                          f"{', '.join(missing)} (written by Teacher.annotate before the advantage stage)")
-    try:
-        base_fn = ADVANTAGES.get(base)
-    except UnknownNameError as exc:
-        raise ValueError(f"advantage.base: {exc}") from None
-    # The base may itself want pipeline values (batch, step, ...): pass those it declares.
-    pipeline = {"batch": batch, "step": step, "total_steps": total_steps}
-    params = check_component_params(base_fn, base_params or {}, f"advantage '{base}'", "advantage.base_params",
-                                    ("token_rewards", "response_mask", "group_ids", *pipeline))
-    verifier = inject(base_fn, (token_rewards, response_mask, group_ids), pipeline, params)
+    verifier = base_advantage("residual", base, base_params, token_rewards, response_mask, group_ids, batch, step,
+                              total_steps)
     aux[VERIFIER_KEY] = verifier.detach()
     return residual_advantages(verifier, aux["teacher_token_prob"], aux["student_token_prob"], aux["student_value"],
                                response_mask, lam=lam, clip=clip)
