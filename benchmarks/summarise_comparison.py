@@ -17,13 +17,7 @@ from pathlib import Path
 
 from reasonrl.train.metrics import read_metrics
 
-
-def _mean_sd(values: list[float]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "—"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.3f} ± {sd:.3f}"
+from summarise_runs import mean_sd  # this folder: run as a script, benchmarks/ is on sys.path
 
 
 def _late_mean(rows, key, last=100):
@@ -44,14 +38,14 @@ def summarise(root: Path, group: str, final_keys: list[str], threshold: float) -
     rows = [read_metrics(p) for p in runs]
     out = {"runs": str(len(runs))}
     for key in final_keys:
-        before = _mean_sd([f["base_eval"].get(key) for f in finals]).split(" ± ")[0]
-        out[key] = f"{before} → {_mean_sd([f['final_eval'].get(key) for f in finals])}"
-    out["entropy (last 100 steps)"] = _mean_sd([_late_mean(r, "entropy") for r in rows])
-    out["sampling −log p (last 100)"] = _mean_sd([_late_mean(r, "rollout/neg_logprob") for r in rows])
-    out["rows per update"] = _mean_sd([_late_mean(r, "train/rows", last=10**9) for r in rows])
+        before = mean_sd([f["base_eval"].get(key) for f in finals]).split(" ± ")[0]
+        out[key] = f"{before} → {mean_sd([f['final_eval'].get(key) for f in finals])}"
+    out["entropy (last 100 steps)"] = mean_sd([_late_mean(r, "entropy") for r in rows])
+    out["sampling −log p (last 100)"] = mean_sd([_late_mean(r, "rollout/neg_logprob") for r in rows])
+    out["rows per update"] = mean_sd([_late_mean(r, "train/rows", last=10**9) for r in rows])
     reached = [_first_step_reaching(r, "eval/accuracy", threshold) for r in rows]
     out[f"first step with accuracy ≥ {threshold}"] = ", ".join("never" if s is None else str(s) for s in reached)
-    out["wall s"] = _mean_sd([f.get("wall_seconds") for f in finals])
+    out["wall s"] = mean_sd([f.get("wall_seconds") for f in finals])
     return out
 
 
