@@ -90,3 +90,23 @@ def test_smollm2_episodes_train_on_the_sampled_ids():
         monkeypatch.undo()
     seen = assert_trained_ids_were_sampled(policy, s, drawn, atol=1e-3)
     assert seen["turns"] > len(s.texts)
+
+
+def test_smollm2_distillation_from_itself_is_zero_on_every_trained_token(tmp_path):
+    """OPD on the real tokenizer (pad == EOS): a teacher with the student's own weights gives a
+    zero divergence on every token the loss sees, so no padding or never-sampled position
+    enters the term; the teacher's vocabulary check passes on a real tokenizer."""
+    pytest.importorskip("gguf", reason="needs the smollm2 extra")
+    from reasonrl.config import recipe_from_dict
+    import yaml
+
+    raw = yaml.safe_load(RECIPE.read_text())
+    raw.update(methods=[{"name": "opd", "teacher": dict(raw["model"]), "divergence": "jsd", "top_k": 64}],
+               loss={"policy": "none", "agg": "token-mean"})
+    raw["train"] = {**raw["train"], "steps": 1, "prompts_per_step": 2}
+    raw["rollout"] = {**raw["rollout"], "max_new_tokens": 12}
+    raw["eval"], raw["log"] = {"size": 0}, {"plots": False, "progress": False}
+    Trainer(recipe_from_dict(raw, "smollm2 opd"), tmp_path / "run", log=lambda m: None).run()
+    rows = [r for r in read_metrics(tmp_path / "run") if "opd/jsd" in r]
+    assert len(rows) == 1 and abs(rows[0]["opd/jsd"]) < 1e-5, rows
+    assert rows[0]["opd/teacher_logprob"] == pytest.approx(rows[0]["opd/student_logprob"], abs=1e-4)
