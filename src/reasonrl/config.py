@@ -121,6 +121,7 @@ def _import_components() -> None:
     import reasonrl.methods  # noqa: F401
     import reasonrl.rewards  # noqa: F401
     import reasonrl.rollout.samplers  # noqa: F401
+    import reasonrl.rollout.uncertainty_sampler  # noqa: F401  (registers the "uncertainty" sampler)
     import reasonrl.rollout.sources  # noqa: F401
     import reasonrl.rollout.async_source  # noqa: F401
     import reasonrl.tasks  # noqa: F401

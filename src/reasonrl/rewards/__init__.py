@@ -37,3 +37,4 @@ from reasonrl.rewards import arithmetic_steps  # noqa: F401  (registers the "ari
 from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_tests"; runs code in rewards.sandbox)
 from reasonrl.rewards import fsg_parse  # noqa: F401  (registers FSG-RL's "fsg_answer" and "fsg_format")
 from reasonrl.rewards import fsg_exec  # noqa: F401  (registers "fsg_full_success"; runs code in rewards.sandbox)
+from reasonrl.rewards import aural  # noqa: F401  (registers AURAL-RL's "aural" reward and "mixed_quality" selector)
