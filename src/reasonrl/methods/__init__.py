@@ -12,4 +12,5 @@ from reasonrl.methods import arg  # noqa: F401  (registers "arg", adaptive refer
 from reasonrl.methods import synco  # noqa: F401  (registers "synco", a Synthesizer co-trained with the Reasoner)
 from reasonrl.methods import novelty  # noqa: F401  (registers "novelty_memory", the ExpDis explorers' memory)
 from reasonrl.methods import rlcpr  # noqa: F401  (registers "rlcpr", the verifier-free probability reward)
+from reasonrl.methods import clinical_judge  # noqa: F401  (registers "clinical_judge", the entropy-normalised judge)
 from reasonrl.methods.base import Method, MethodContext, build_methods  # noqa: F401
