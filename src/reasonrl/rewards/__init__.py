@@ -37,5 +37,6 @@ from reasonrl.rewards import arithmetic_steps  # noqa: F401  (registers the "ari
 from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_tests"; runs code in rewards.sandbox)
 from reasonrl.rewards import fsg_parse  # noqa: F401  (registers FSG-RL's "fsg_answer" and "fsg_format")
 from reasonrl.rewards import fsg_exec  # noqa: F401  (registers "fsg_full_success"; runs code in rewards.sandbox)
+from reasonrl.rewards import grounding  # noqa: F401  (registers "grounding" and "grounding_hit", SAVER's rewards)
 from reasonrl.rewards import aural  # noqa: F401  (registers AURAL-RL's "aural" reward and "mixed_quality" selector)
 from reasonrl.rewards import clinical  # noqa: F401  (registers "concept_f1", "consistency_penalty", "exact_match", "token_f1")

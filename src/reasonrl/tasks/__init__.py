@@ -11,4 +11,5 @@ from reasonrl.tasks import witness  # noqa: F401  (registers "minimal_witness" a
 from reasonrl.tasks import function_graph  # noqa: F401  (registers "function_graph", FSG-RL's task)
 from reasonrl.tasks import gsm8k_graph  # noqa: F401  (registers "gsm8k_graph", FSG-RL's graphs from GSM8K)
 from reasonrl.tasks import arithmetic_proposals  # noqa: F401  (registers "arithmetic_proposals", SynCo's Synthesizer task)
+from reasonrl.tasks import grounding  # noqa: F401  (registers "grounding", SAVER's dense/sparse-view task)
 from reasonrl.tasks import clinical_qa  # noqa: F401  (registers "clinical_qa", the clinical soft verifier's task)
