@@ -49,6 +49,8 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import yaml
 
+    from reasonrl.evaluate.cues import Prefilled, evaluate_cues, unescape_cue
+    from reasonrl.evaluate.diagnostics import compare_with_baseline
     from reasonrl.evaluate.evaluator import Evaluator
     from reasonrl.fsutil import atomic_write_text
     from reasonrl.policy.loading import load_for_eval
@@ -70,12 +72,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "rollout": {"max_new_tokens": args.max_new_tokens}}, "reasonrl eval")
     evaluator = Evaluator(recipe, build_task(recipe))
     policy = load_for_eval(args.model)
+    cues = [unescape_cue(c) for c in args.prefill]
+    # The unprefilled samples are kept (Prefilled with no cue) to count each cue's own emissions.
+    sampler = Prefilled(policy) if cues else policy
+    try:
+        for cue in cues:
+            Prefilled(policy, cue)  # refuses a cue the tokenizer cannot read, before any sampling
+    except ValueError as exc:
+        raise ConfigError(f"--prefill: {exc}") from None
 
     def progress(done: int, total: int) -> None:
         print(f"\r  {done}/{total} problems", end="", file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    result = evaluator.sampled(policy, progress=progress)
+    result = evaluator.sampled(sampler, progress=progress)
+    if args.baseline_model:  # reward-hacking diagnostics against a reference (evaluate.diagnostics)
+        base = evaluator.sampled(load_for_eval(args.baseline_model), progress=progress)
+        result["baseline"] = {"model": args.baseline_model, "metrics": base["metrics"]}
+        result["vs_baseline"] = compare_with_baseline(result, base)
+    if cues:
+        result["cues"] = evaluate_cues(evaluator, policy, result, sampler.sampled_texts, cues, progress)
     seconds = time.perf_counter() - start
     print(file=sys.stderr)
     result.update({"model": args.model, "task": args.task, "task_params": params, "reward": args.reward,
@@ -90,6 +106,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"  {name:<32} {value['mean']:.3f}  [{value['ci_low']:.3f}, {value['ci_high']:.3f}]")
         else:
             print(f"  {name:<32} {value:.3f}")
+    if "vs_baseline" in result:
+        gap, flag = result["vs_baseline"]["regret_gap"], result["vs_baseline"]["hacking"]
+        print(f"  vs {args.baseline_model}: regret gap {gap['mean']:+.3f} [{gap['ci_low']:+.3f}, {gap['ci_high']:+.3f}]"
+              f"  hacking suspected: {flag['suspected']}")
+    for cue, rep in result.get("cues", {}).items():
+        d = rep["delta_pass@1"]
+        print(f"  cue {cue!r}: pass@1 {rep['pass@1']:.3f}  delta {d['mean']:+.3f} [{d['ci_low']:+.3f}, "
+              f"{d['ci_high']:+.3f}]  log p(cue) {rep['cue_logprob']:.2f}  emitted at start {rep['emitted']['start']:.3f}")
     print(f"results in {out}")
     return 0
 
@@ -174,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=64)
     ev.add_argument("--batch-size", type=int, default=128, help="sequences sampled together")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--baseline-model", metavar="MODEL", help="also evaluate this model (e.g. the base) on the same "
+                    "problems: Regret Gap and the reward-hacking flag (docs/diagnostics.md)")
+    ev.add_argument("--prefill", action="append", default=[], metavar="CUE",
+                    help="also evaluate with the completion prefilled with CUE (\\n for a newline; repeatable): "
+                         "delta pass@1 with a paired CI, log p(CUE), how often the model writes CUE itself")
     ev.add_argument("-o", "--output", default="eval.json")
     ev.set_defaults(func=cmd_eval)
 

@@ -74,3 +74,18 @@ def bootstrap_ci(values: Sequence[float], num_resamples: int = 1000, confidence:
     lo = means[int(math.floor((1 - confidence) / 2 * (num_resamples - 1)))]
     hi = means[int(math.ceil((1 + confidence) / 2 * (num_resamples - 1)))]
     return lo, hi
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], num_resamples: int = 1000, confidence: float = 0.95,
+                      seed: int = 0) -> dict[str, float]:
+    """mean(a − b) over paired items (the same problems under two conditions: a cue and no
+    cue, a base and a trained model) with a paired percentile bootstrap interval: problems
+    are resampled with replacement and keep both their values, i.e. :func:`bootstrap_ci` of
+    the per-problem differences d_i = a_i − b_i (Efron & Tibshirani 1993, §14.5 paired
+    comparison). Pairing removes the between-problem spread that an unpaired interval keeps.
+    """
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a paired difference needs equally many values on both sides (>0), got {len(a)} and {len(b)}")
+    diffs = [float(x) - float(y) for x, y in zip(a, b)]
+    lo, hi = bootstrap_ci(diffs, num_resamples, confidence, seed)
+    return {"mean": sum(diffs) / len(diffs), "ci_low": lo, "ci_high": hi}

@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 import torch
 
+from reasonrl.algos.rl_arc import answer_confidences
 from reasonrl.evaluate.calibration import auroc, brier_score, expected_calibration_error, overconfidence_rate
+from reasonrl.evaluate.diagnostics import diagnostic_metrics, find_citations, is_committed
 from reasonrl.evaluate.metrics import bootstrap_ci, distinct_correct, majority_answer, pass_at_k
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rollout.episodes import sample_problems
@@ -38,14 +40,25 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
                       temperature: float = 1.0, seed: int = 0, stop: list[str] | None = None,
                       batch_size: int = 32, greedy: bool = True,
                       group_metrics: Callable[[Problem, list[str]], dict[str, float]] | None = None,
-                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                      progress: Callable[[int, int], None] | None = None, task: Any = None,
+                      proxy: Callable[[str, Problem, int], float] | None = None,
+                      citation_validators: list[str] | None = None) -> dict[str, Any]:
     """Sample ``n`` completions per problem (and one greedy unless ``greedy=False``) and score them.
 
     Token entropy is estimated as the mean −log p of the sampled tokens (an unbiased
     estimate of the sampling distribution's entropy); format failures are completions
     from which no answer can be extracted. ``group_metrics`` (a task's own quality
     measures of a problem's n completions, e.g. witness recovery) are averaged over problems.
+    ``task`` (optional) locates answer spans its own way (``algos.rl_arc.split_spans``).
+    ``proxy(text, problem, num_tokens)`` is the surface reward of the reward-hacking
+    diagnostics (default: ``proxy_length_keyword`` with ``max_len=max_new_tokens``);
+    ``citation_validators`` the names they check citations with (default: all registered).
     """
+    if proxy is None:
+        from reasonrl.rewards.proxy import proxy_length_keyword
+
+        def proxy(text, problem, num_tokens):
+            return proxy_length_keyword(text, problem, num_tokens=num_tokens, max_len=max_new_tokens)
     if n < 1 or any(not 1 <= k <= n for k in ks):
         raise ValueError(f"need n >= 1 and every k in 1..n; got n={n}, k={ks}")
     generator = torch.Generator().manual_seed(seed)
@@ -57,12 +70,16 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
         greedy_texts = sample_problems(policy, chunk, 1, max_new_tokens, 0.0, stop=stop).texts if greedy else None
         lengths = sampled.completion_mask.sum(-1)
         logp = sampled.sample_logprobs.sum(-1)
+        tokenizer = getattr(policy, "tokenizer", None)
+        answer_conf = (answer_confidences(tokenizer, sampled.completion_ids, sampled.completion_mask,
+                                          sampled.sample_logprobs, task) if tokenizer is not None else None)
         for i, problem in enumerate(chunk):
             span = slice(i * n, (i + 1) * n)
             texts = sampled.texts[span]
             answers = [extract(t, problem) for t in texts]
             correct = [bool(is_correct(t, problem)) for t in texts]
             winner = majority_answer(answers)
+            cited = [find_citations(t, citation_validators) for t in texts]
             row = {
                 "prompt": problem.prompt, "answer": problem.answer, "n": n, "correct": sum(correct),
                 "sample_correct": correct,
@@ -78,6 +95,12 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
                 "sequence_confidence": [round(math.exp(float(lp) / max(int(ln), 1)), 6)
                                         for lp, ln in zip(logp[span], lengths[span])],
                 "stated_confidence": [stated_confidence(t) for t in texts],
+                # geometric-mean token probability of the answer span alone (None: no answer found)
+                "answer_confidence": answer_conf[span] if answer_conf is not None else [None] * n,
+                # reward-hacking diagnostics (evaluate.diagnostics)
+                "committed": [is_committed(t, a) for t, a in zip(texts, answers)],
+                "proxy": [round(float(proxy(t, problem, int(ln))), 6) for t, ln in zip(texts, lengths[span])],
+                "citations": sum(f for f, _ in cited), "plausible_citations": sum(p for _, p in cited),
             }
             if "form" in problem.meta:
                 row["form"] = problem.meta["form"]
@@ -122,6 +145,8 @@ def summarise(rows: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
         metrics[f"distinct_correct@{n}"] = sum(r["distinct_correct"] for r in rows) / len(rows)
     metrics["format_failure_rate"] = sum(r["format_failures"] for r in rows) / (n * len(rows))
     metrics.update(_calibration(rows))
+    if "committed" in rows[0]:  # rows saved before the diagnostics existed lack them
+        metrics.update(diagnostic_metrics(rows))
     if "group_metrics" in rows[0]:
         for key in rows[0]["group_metrics"]:
             metrics[key] = _with_ci([float(r["group_metrics"][key]) for r in rows])
@@ -130,19 +155,22 @@ def summarise(rows: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
 
 
 def _calibration(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Three confidences: the sequence's token probability (every sample), the majority
-    answer's vote share (one per problem, against maj correctness: self-consistency), and
-    a confidence the completion states itself (only samples that state one)."""
+    """Four confidences: the sequence's token probability (every sample), the majority
+    answer's vote share (one per problem, against maj correctness: self-consistency), a
+    confidence the completion states itself (only samples that state one), and the answer
+    span's token probability (only samples with an answer; RL-ARC's c_a)."""
     out: dict[str, float] = {}
     correct = [c for r in rows for c in r["sample_correct"]]
     sources = {
         "sequence": ([c for r in rows for c in r["sequence_confidence"]], correct),
         "consistency": ([r["majority_votes"] / r["n"] for r in rows], [r["majority_correct"] for r in rows]),
     }
-    stated = [(c, ok) for r in rows for c, ok in zip(r["stated_confidence"], r["sample_correct"]) if c is not None]
-    if stated:
-        sources["stated"] = ([c for c, _ in stated], [ok for _, ok in stated])
-        out["calibration/stated/rate"] = len(stated) / len(correct)
+    for name in ("stated", "answer"):
+        given = [(c, ok) for r in rows for c, ok in zip(r.get(f"{name}_confidence") or [], r["sample_correct"])
+                 if c is not None]
+        if given:
+            sources[name] = ([c for c, _ in given], [ok for _, ok in given])
+            out[f"calibration/{name}/rate"] = len(given) / len(correct)
     for name, (conf, ok) in sources.items():
         for key, value in calibration_metrics(conf, ok).items():
             out[f"calibration/{name}/{key}"] = value

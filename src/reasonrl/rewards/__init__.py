@@ -38,5 +38,6 @@ from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_test
 from reasonrl.rewards import fsg_parse  # noqa: F401  (registers FSG-RL's "fsg_answer" and "fsg_format")
 from reasonrl.rewards import fsg_exec  # noqa: F401  (registers "fsg_full_success"; runs code in rewards.sandbox)
 from reasonrl.rewards import grounding  # noqa: F401  (registers "grounding" and "grounding_hit", SAVER's rewards)
+from reasonrl.rewards import proxy  # noqa: F401  (registers "proxy_length_keyword", the reward-hacking demo)
 from reasonrl.rewards import aural  # noqa: F401  (registers AURAL-RL's "aural" reward and "mixed_quality" selector)
 from reasonrl.rewards import clinical  # noqa: F401  (registers "concept_f1", "consistency_penalty", "exact_match", "token_f1")
