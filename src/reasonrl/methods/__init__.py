@@ -11,6 +11,7 @@ from reasonrl.methods import srd  # noqa: F401  (registers "srd", self-retrospec
 from reasonrl.methods import arg  # noqa: F401  (registers "arg", adaptive reference guidance)
 from reasonrl.methods import synco  # noqa: F401  (registers "synco", a Synthesizer co-trained with the Reasoner)
 from reasonrl.methods import novelty  # noqa: F401  (registers "novelty_memory", the ExpDis explorers' memory)
+from reasonrl.methods import drift  # noqa: F401  (registers "drift", the reference perplexity of the reasoning)
 from reasonrl.methods import rl_arc  # noqa: F401  (registers "rl_arc", calibration-aware reward from reasoning/answer confidence)
 from reasonrl.methods import saver  # noqa: F401  (registers "saver", the paired views' gated reference reward)
 from reasonrl.methods import rlcpr  # noqa: F401  (registers "rlcpr", the verifier-free probability reward)
