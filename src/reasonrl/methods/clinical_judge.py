@@ -82,16 +82,11 @@ class ClinicalJudge(Method):
         self._metrics: dict[str, float] = {}
 
     def setup(self, ctx: MethodContext) -> None:
-        from reasonrl.config import ModelConfig, build_section
-        from reasonrl.policy.factory import build_policy
+        from reasonrl.train.teacher import build_teacher_policy
 
-        cfg = self.judge_cfg
-        if isinstance(cfg, dict):
-            cfg = build_section(ModelConfig, cfg, "recipe", "methods[clinical_judge].judge")
-        with torch.random.fork_rng(devices=[]):  # building an uncached tiny judge draws from the global RNG
-            self.judge = build_policy(cfg, log=ctx.log, trainable=False)
-        self.judge.model.to(ctx.policy.device).eval()
-        self.judge.device = ctx.policy.device
+        # The judge reads its own prompt in its own tokenizer: no shared vocabulary needed.
+        self.judge = build_teacher_policy(self.judge_cfg, ctx.policy, ctx.log, role="clinical_judge",
+                                          same_vocab=False, key="judge")
         self.judge.chat_template = False  # the template is the whole prompt
         self.level_ids = self.score_token_ids(self.judge.tokenizer, self.levels)
         self.micro = self.micro_batch_size or ctx.recipe.train.micro_batch_size

@@ -138,20 +138,17 @@ class SynCo(Method):
         if ctx.scorer is None:
             raise ValueError("method 'synco' scores the Reasoner's answers with the run's scorer; this rollout "
                              "source scores elsewhere: use rollout.source: sync")
-        from reasonrl.config import ModelConfig, OptimConfig, build_section
+        from reasonrl.config import OptimConfig
         from reasonrl.evaluate.evaluator import answer_extractor
-        from reasonrl.policy.factory import build_policy
+        from reasonrl.train.teacher import build_teacher_policy
         from reasonrl.rollout.collect import stop_strings
 
         r = ctx.recipe
         self.recipe, self.policy, self.scorer, self.task = r, ctx.policy, ctx.scorer, ctx.task
         self.generator, self.log = ctx.generator, ctx.log
-        cfg = build_section(ModelConfig, self.model_cfg or DEFAULT_SYNTHESIZER, "recipe", "methods[synco].model")
-        # Building an uncached tiny model draws from the global RNG; keep the run's stream intact.
-        with torch.random.fork_rng(devices=[]):
-            self.synth = build_policy(dataclasses.replace(cfg, lora=None), log=ctx.log)
-        self.synth.model.to(ctx.policy.device)
-        self.synth.device = ctx.policy.device
+        # The Synthesizer writes text the Reasoner reads as text: no shared vocabulary needed.
+        self.synth = build_teacher_policy(self.model_cfg or DEFAULT_SYNTHESIZER, ctx.policy, ctx.log, trainable=True,
+                                          role="synco", same_vocab=False)
         self.synth.decoder = ctx.policy.decoder
         optim = OptimConfig(lr=self.lr, weight_decay=0.0, warmup_steps=0, schedule="constant",
                             max_grad_norm=self.max_grad_norm)

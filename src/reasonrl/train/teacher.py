@@ -57,19 +57,23 @@ def completion_logits(policy: HFPolicy, batch: RolloutBatch) -> Tensor:
 
 
 def build_teacher_policy(cfg: Any, student: HFPolicy, log: Callable[[str], None] | None = None,
-                         trainable: bool = False, role: str = "teacher") -> HFPolicy:
-    """A second model from a ``model:`` section (a ``ModelConfig``, or its mapping, named
-    ``methods[<role>].model`` in errors) on the student's device, checked to read the student's
-    token ids. Its LoRA, if any, is the caller's to apply."""
+                         trainable: bool = False, role: str = "teacher", same_vocab: bool = True,
+                         key: str = "model") -> HFPolicy:
+    """A second model (a teacher, a reference, a judge, a synthesiser) from a ``model:`` section
+    (a ``ModelConfig``, or its mapping, named ``methods[<role>].<key>`` in errors) on the
+    student's device, with the run's RNG untouched. ``same_vocab``: checked to read the
+    student's token ids (a model that reads and writes its own text, a judge, skips it). Its
+    LoRA, if any, is the caller's to apply."""
     if isinstance(cfg, dict):
         from reasonrl.config import ModelConfig, build_section
 
-        cfg = build_section(ModelConfig, cfg, "recipe", f"methods[{role}].model")
+        cfg = build_section(ModelConfig, cfg, "recipe", f"methods[{role}].{key}")
     # Building an uncached tiny model reseeds and draws from the global RNG; isolate it so a
     # run does not depend on what was cached.
     with torch.random.fork_rng(devices=[]):
         policy = build_policy(dataclasses.replace(cfg, lora=None), log=log, trainable=trainable)
-    check_shared_vocabulary(student.tokenizer, policy.tokenizer, role)
+    if same_vocab:
+        check_shared_vocabulary(student.tokenizer, policy.tokenizer, role)
     policy.model.to(student.device)
     policy.device = student.device
     if not trainable:
