@@ -131,7 +131,7 @@ def _method(policy, **params):
 def test_annotate_adds_r_minus_R_to_the_rewards():
     policy = mini_policy()
     batch = _batch(policy)
-    metrics = _method(policy).annotate(batch, 0)
+    metrics = _method(policy, no_answer="sequence").annotate(batch, 0)
     c_r = 0.5 ** (4 / 6)
     expected = [1 - 0.5 * (0.9 - c_r), -0.5 * 0.8 ** 2, -0.5 * (0.5 ** 0.75) ** 2, 1.0]
     assert batch.rewards.tolist() == pytest.approx(expected)
@@ -141,6 +141,12 @@ def test_annotate_adds_r_minus_R_to_the_rewards():
     # c_a = (0.9, 0.8, 0.595, 0.6) for (1, 0, 0, 1): the correct 0.9 beats both wrong, 0.6 beats one: ¾
     assert metrics["rl_arc/auroc"] == pytest.approx(0.75)
     assert metrics["rl_arc/brier"] == pytest.approx((0.01 + 0.64 + 0.5 ** 1.5 + 0.16) / 4)
+    # The default: a row without an answer is taken as certain, so it gets the full penalty and an
+    # unconfident non-answer (0.5 ** 0.75 here) can never beat a confident wrong answer.
+    batch = _batch(policy)
+    metrics = _method(policy).annotate(batch, 0)
+    assert batch.rewards.tolist() == pytest.approx([expected[0], expected[1], -0.5, 1.0])
+    assert metrics["rl_arc/c_answer_wrong"] == pytest.approx((0.8 + 1.0) / 2)
 
 
 def test_stated_confidence_replaces_the_answer_tokens_and_a_missing_one_counts_as_certain():
@@ -154,7 +160,8 @@ def test_stated_confidence_replaces_the_answer_tokens_and_a_missing_one_counts_a
     assert metrics["rl_arc/stated_rate"] == 0.25
     batch = _batch(policy, texts)
     _method(policy, answer_confidence="stated_or_tokens").annotate(batch, 0)
-    assert batch.rewards.tolist() == pytest.approx([1 - 0.5 * (0.9 - c_r), -0.045, -0.5 * 0.5 ** 1.5, 1.0])
+    # the row without an answer (row 3) is certain whatever its tokens say
+    assert batch.rewards.tolist() == pytest.approx([1 - 0.5 * (0.9 - c_r), -0.045, -0.5, 1.0])
 
 
 def test_bad_parameters_and_a_missing_correctness_reward_fail_at_load():

@@ -20,8 +20,9 @@ Every step, in ``annotate`` (after scoring and selection, before the advantages)
    GRPO's advantages then see r.
 
 Fallbacks (counted in the metrics): a row without an answer span (nothing after ``####``) takes
-the whole completion's geometric-mean token probability as c_r and, with token confidences, c_a (such a row is wrong, so
-only the overconfidence penalty applies: confident gibberish is penalised); a row with an answer
+the whole completion's geometric-mean token probability as c_r and c_a = 1 (``no_answer:
+certain``; such a row is wrong, so it gets the full overconfidence penalty: abstaining never
+pays; ``no_answer: sequence`` takes the completion's confidence as c_a instead); a row with an answer
 but no reasoning before it takes c_r = c_a (the regulariser has nothing to compare: 0). With
 ``answer_confidence: stated`` a completion that states none is taken as fully confident
 (c_a = 1), so leaving the confidence out never pays; ``stated_or_tokens`` uses the token c_a there.
@@ -63,16 +64,21 @@ class RLARC(Method):
                  lambda3: Annotated[float, Range(ge=0, why="the weight of the overconfidence penalty")] = 0.5,
                  regulariser: Regulariser = "hinge", penalty: Penalty = "brier",
                  answer_confidence: AnswerConfidence = "tokens",
-                 correct_reward: str = "exact_answer") -> None:
+                 correct_reward: str = "exact_answer",
+                 no_answer: Literal["certain", "sequence"] = "certain") -> None:
         """``lambda1``, ``lambda2``: the regulariser of correct rows, λ_1 (c_a − c_r)_+ + λ_2 ((c_a − c_r)_−)²
         (``regulariser: abs``: λ_1 |c_a − c_r|). ``lambda3``: the penalty of wrong rows, λ_3 c_a²
         (``penalty: linear``: λ_3 c_a; ``max_brier``: λ_3 max(c_a, c_r)²). ``answer_confidence``:
         ``tokens`` (c_a from the answer span's log-probs), ``stated`` (the completion's own
         "confidence: q"), ``stated_or_tokens``. ``correct_reward``: the recipe reward whose score
-        > 0.5 means correct. Defaults: the spec's (λ_3 at the low end of its 0.5–1.0)."""
+        > 0.5 means correct. ``no_answer``: the c_a of a row without an answer: ``certain`` (1:
+        not answering costs as much as a confidently wrong answer, so it never pays) or
+        ``sequence`` (the whole completion's token confidence: then an unconfident non-answer
+        is penalised less than a confident wrong one, and one of three 100-step seeds learned
+        to stop answering: commit rate 0.01). Defaults: the spec's (λ_3 at the low end of its 0.5–1.0)."""
         self.kwargs = dict(lambda1=lambda1, lambda2=lambda2, lambda3=lambda3, regulariser=regulariser,
                            penalty=penalty)
-        self.answer_confidence, self.correct_reward = answer_confidence, correct_reward
+        self.answer_confidence, self.correct_reward, self.no_answer = answer_confidence, correct_reward, no_answer
         self.tokenizer = self.task = None
 
     @classmethod
@@ -95,7 +101,7 @@ class RLARC(Method):
         c_a, has_a, c_r, has_r = span_confidences(self.tokenizer, batch.completion_ids.cpu(),
                                                   batch.completion_mask.cpu(), logp, self.task, live)
         c_seq, _ = span_confidence(logp, live)
-        c_a = torch.where(has_a, c_a, c_seq)
+        c_a = torch.where(has_a, c_a, c_seq if self.no_answer == "sequence" else torch.ones_like(c_seq))
         stats = {"rl_arc/no_answer": float((~has_a).float().mean()),
                  "rl_arc/no_reasoning": float((has_a & ~has_r).float().mean())}
         if self.answer_confidence != "tokens":
@@ -103,8 +109,8 @@ class RLARC(Method):
             from reasonrl.evaluate.sampling_eval import stated_confidence
 
             stated = [stated_confidence(text) for text in batch.meta["completion"]]
-            c_a = torch.tensor([s if s is not None else (1.0 if self.answer_confidence == "stated" else t)
-                                for s, t in zip(stated, c_a.tolist())], dtype=c_a.dtype)
+            c_a = torch.tensor([s if s is not None and a else (1.0 if self.answer_confidence == "stated" else t)
+                                for s, t, a in zip(stated, c_a.tolist(), has_a.tolist())], dtype=c_a.dtype)
             stats["rl_arc/stated_rate"] = sum(s is not None for s in stated) / max(len(stated), 1)
         # No reasoning before the answer: c_r = c_a (nothing to compare); no answer: the sequence's.
         c_r = torch.where(has_a, torch.where(has_r, c_r, c_a), c_seq)
