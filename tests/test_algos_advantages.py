@@ -334,3 +334,10 @@ def test_group_stats_non_contiguous_ids():
 def test_group_stats_rejects_float_ids():
     with pytest.raises(ValueError):
         group_stats(torch.ones(2), torch.tensor([0.0, 1.0]))
+
+
+def test_group_first_rows_is_each_groups_first_index():
+    from reasonrl.algos.masked import group_first_rows, group_inverse
+
+    inverse, g = group_inverse(torch.tensor([7, 3, 7, 9, 3, 9]))  # dense: 3 → 0, 7 → 1, 9 → 2
+    assert group_first_rows(inverse, g).tolist() == [1, 0, 3]

@@ -22,6 +22,7 @@ __all__ = [
     "masked_whiten",
     "group_inverse",
     "group_sum",
+    "group_first_rows",
     "group_count",
     "group_mean",
     "group_std",
@@ -135,6 +136,14 @@ def group_sum(values: Tensor, inverse: Tensor, num_groups: int) -> Tensor:
     shaped [num_groups, ...]."""
     return torch.zeros((num_groups, *values.shape[1:]), dtype=values.dtype, device=values.device).index_add_(
         0, inverse, values)
+
+
+def group_first_rows(inverse: Tensor, num_groups: int) -> Tensor:
+    """The index of each dense group's first row, [num_groups] (from :func:`group_inverse`): one
+    representative row per group (its prompt, its problem) without a Python loop."""
+    rows = torch.arange(inverse.shape[0], device=inverse.device)
+    first = torch.full((num_groups,), inverse.shape[0], dtype=torch.long, device=inverse.device)
+    return first.scatter_reduce(0, inverse, rows, reduce="amin")
 
 
 def group_stats(values: Tensor, group_ids: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

@@ -48,7 +48,7 @@ from typing import Annotated, Any, Literal, Optional
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import group_inverse, group_std
+from reasonrl.algos.masked import group_first_rows, group_inverse, group_std
 from reasonrl.algos.rlcpr import Kind, answer_reward, concentration_penalty, concentration_point, debias
 from reasonrl.batch import RolloutBatch
 from reasonrl.methods.base import Method, MethodContext
@@ -233,8 +233,7 @@ class RLCPR(Method):
     def _metrics(self, batch: RolloutBatch, final: Tensor, p_end: Tensor, p_empty: Optional[Tensor],
                  trace_len: Tensor) -> dict[str, float]:
         inverse, num_groups = group_inverse(batch.group_ids)
-        first = torch.full((num_groups,), len(batch), dtype=torch.long).scatter_reduce(
-            0, inverse.cpu(), torch.arange(len(batch)), reduce="amin")  # one row per group
+        first = group_first_rows(inverse.cpu(), num_groups)  # one row per group
         out = {"rlcpr/reward": float(final.mean()), "rlcpr/prob": float(p_end.mean()),
                "rlcpr/group_std": float(group_std(final.float().cpu(), batch.group_ids.cpu())[first].mean()),
                "rlcpr/trace_len": float(trace_len.float().mean())}

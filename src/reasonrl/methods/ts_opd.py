@@ -49,7 +49,7 @@ from torch import Tensor
 
 from reasonrl.algos import ts_opd as ts
 from reasonrl.algos.distill import forward_kl, restrict_top_k, reverse_kl, scaled_log_softmax
-from reasonrl.algos.masked import masked_mean, masked_sum
+from reasonrl.algos.masked import group_first_rows, group_inverse, group_sum, masked_mean, masked_sum
 from reasonrl.batch import RolloutBatch
 from reasonrl.methods.base import Method, MethodContext
 from reasonrl.methods.opd import teacher_logits
@@ -135,11 +135,10 @@ class TransferStratifiedOPD(Method):
     def annotate(self, batch: RolloutBatch, step: int) -> dict[str, float]:
         problems = batch.meta["problem"]
         screened = self._screen(problems)
-        ids, inverse = torch.unique(batch.group_ids, return_inverse=True)
+        inverse, num_groups = group_inverse(batch.group_ids)
         success = (batch.rewards >= self.success_at).float()
-        p_s = torch.zeros(len(ids)).index_add_(0, inverse, success) / torch.bincount(inverse, minlength=len(ids))
-        first = torch.full((len(ids),), len(batch), dtype=torch.long).scatter_reduce(
-            0, inverse, torch.arange(len(batch)), reduce="amin")
+        p_s = group_sum(success, inverse, num_groups) / torch.bincount(inverse, minlength=num_groups)
+        first = group_first_rows(inverse, num_groups)
         p_t = torch.tensor([self.teacher_success[problems[i].prompt] for i in first.tolist()])
         group_stratum = ts.strata(p_s, p_t, self.delta_lo, self.delta_hi)
         batch.aux[STRATUM_KEY] = group_stratum[inverse]
@@ -150,7 +149,7 @@ class TransferStratifiedOPD(Method):
             self.step_brake = float(ts.brake_active(entropy, self.h0))
         elif self.brake == "scale":
             self.step_brake = ts.brake_scale(entropy, self.h0)
-        g = float(len(ids))
+        g = float(num_groups)
         teacher_ok = p_t >= self.delta_hi
         return {"ts_opd/acquisition": float((group_stratum == ts.ACQUIRE).sum()) / g,
                 "ts_opd/consolidation": float((group_stratum == ts.CONSOLIDATE).sum()) / g,

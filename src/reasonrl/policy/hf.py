@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers.utils import logging as hf_logging
 
+from reasonrl.algos.masked import group_first_rows, group_inverse
 from reasonrl.policy.sampling import Samples, cut_at_stop, position_ids_from_mask, sample_completions
 
 __all__ = ["HFPolicy", "Samples", "cut_at_stop", "position_ids_from_mask", "token_logprobs_and_entropy"]
@@ -173,11 +174,9 @@ class HFPolicy:
         """
         t = completion_ids.shape[1]
         if group_ids is not None:
-            unique, inverse = torch.unique(group_ids, return_inverse=True)
-            if len(unique) < len(group_ids):
-                rows = torch.arange(len(group_ids), device=group_ids.device)
-                first = torch.full((len(unique),), len(group_ids), device=group_ids.device, dtype=torch.long)
-                first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+            inverse, num_groups = group_inverse(group_ids)
+            if num_groups < len(group_ids):
+                first = group_first_rows(inverse, num_groups)
                 p_ids, p_mask = prompt_ids[first], prompt_mask[first]
                 pos = position_ids_from_mask(p_mask)
                 out = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=pos, use_cache=True,
