@@ -54,7 +54,8 @@ from reasonrl.algos.arg import (DEFAULT_BINS, all_failure_groups, check_bins, ex
 from reasonrl.algos.distill import token_divergence
 from reasonrl.algos.masked import masked_sum
 from reasonrl.batch import RolloutBatch
-from reasonrl.methods.base import Method, MethodContext
+from reasonrl.methods.base import Method, MethodContext, need_learner_scorer
+from reasonrl.methods.opd import teacher_logits
 from reasonrl.params import Range
 from reasonrl.policy.sampling import cut_at_stop, left_pad, right_pad, sample_completions
 from reasonrl.registry import METHODS
@@ -100,8 +101,7 @@ class AdaptiveReferenceGuidance(Method):
     @classmethod
     def check(cls, recipe: Any, need, config: Any) -> None:
         ro = recipe.rollout
-        need(ro.source == "sync", f"guided rollouts are sampled and scored in the learner; rollout.source is "
-                                  f"'{ro.source}': use sync")
+        need_learner_scorer(recipe, need, "methods[arg] samples and scores guided rollouts")
         need(not ro.dynamic_sampling, "rollout.dynamic_sampling drops the all-failure groups ARG guides: turn it off")
         need(recipe.env is None, "guided continuations are single completions; an env's episodes are not: drop the env")
         need(not ro.simulated_partial, "rollout.simulated_partial gives tokens versions that guided rows lack: drop it")
@@ -280,10 +280,7 @@ class AdaptiveReferenceGuidance(Method):
         if self.beta == 0:
             return torch.zeros((), device=inputs.logits.device), {}
         micro = inputs.micro
-        with torch.no_grad():
-            ref_logits = self.ref.completion_logits(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                                                    micro.completion_mask,
-                                                    micro.group_ids if self.recipe.train.share_prompt else None)
+        ref_logits = teacher_logits(self.ref, micro, self.recipe.train.share_prompt)
         kl = token_divergence(inputs.logits, ref_logits, "reverse_kl", temperature=inputs.temperature)
         return self.beta * inputs.aggregate(kl), {TOKEN + "arg/kl": float(masked_sum(kl.detach(), inputs.mask))}
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, ClassVar
 
 from reasonrl.batch import RolloutBatch
 
-__all__ = ["Method", "MethodContext", "build_methods", "method_specs"]
+__all__ = ["Method", "MethodContext", "build_methods", "method_specs", "need_learner_scorer"]
 
 
 @dataclass
@@ -115,6 +115,19 @@ class Method:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+def need_learner_scorer(recipe: Any, need: Callable[[bool, str], None], what: str) -> None:
+    """The load-time rule of a method that samples and scores rollouts of its own with
+    ``ctx.scorer`` (a teacher's screening, guided continuations, synthetic tasks): the rollout
+    source must score in the learner; one that scores in its samplers (async) leaves the
+    methods no scorer. ``what``: what the method does there, for the message."""
+    from reasonrl.registry import ROLLOUT_SOURCES
+
+    source = recipe.rollout.source
+    need(getattr(ROLLOUT_SOURCES.get(source), "scores_in_learner", False),
+         f"{what} with the run's reward functions in the learner; rollout.source '{source}' scores elsewhere: "
+         "use rollout.source 'sync'")
 
 
 def method_specs(recipe: Any) -> list[tuple[str, type, Any]]:

@@ -35,6 +35,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.methods.base import Method, MethodContext
 from reasonrl.params import Range
 from reasonrl.registry import METHODS
+from reasonrl.train.objective import completion_logits
 
 __all__ = ["OnPolicyDistillation", "teacher_logits"]
 
@@ -43,9 +44,9 @@ TOKEN = "token/"
 
 @torch.no_grad()
 def teacher_logits(teacher: Any, micro: RolloutBatch, share_prompt: bool) -> Tensor:
-    """The teacher's next-token logits ``[n, T, V]`` at the micro-batch's completion positions."""
-    return teacher.completion_logits(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                                     micro.completion_mask, micro.group_ids if share_prompt else None)
+    """A frozen model's (teacher's, reference's) next-token logits ``[n, T, V]`` at the
+    micro-batch's completion positions, without gradient."""
+    return completion_logits(teacher, micro, share_prompt)
 
 
 def per_token_divergence(student_logits: Tensor, teacher_logits_: Tensor, student_logp: Tensor,

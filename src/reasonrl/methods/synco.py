@@ -53,7 +53,7 @@ from reasonrl.algos.masked import last_token_mask, masked_sum
 from reasonrl.algos.synco import (DEFAULT_WEIGHTS, agreement, canonical_answer, is_reliable, novelty,
                                   synthesizer_reward, task_quality, teachability)
 from reasonrl.batch import RolloutBatch
-from reasonrl.methods.base import Method, MethodContext
+from reasonrl.methods.base import Method, MethodContext, need_learner_scorer
 from reasonrl.params import Range
 from reasonrl.perf import Stopwatch
 from reasonrl.registry import METHODS
@@ -124,8 +124,7 @@ class SynCo(Method):
     @classmethod
     def check(cls, recipe: Any, need, config: Any) -> None:
         ro = recipe.rollout
-        need(ro.source == "sync", f"SynCo samples and scores the Reasoner's answers to synthetic tasks in the "
-                                  f"learner; rollout.source is '{ro.source}': use sync")
+        need_learner_scorer(recipe, need, "methods[synco] samples and scores the Reasoner's answers to synthetic tasks")
         need(recipe.env is None, "SynCo's synthetic tasks are single completions; an env's episodes are not: drop the env")
         need(not ro.simulated_partial, "rollout.simulated_partial gives tokens versions that synthetic rows lack: drop it")
         need(recipe.task.name == "arithmetic", f"SynCo's Synthesizer proposes arithmetic problems; the Reasoner's "

@@ -51,7 +51,7 @@ from reasonrl.algos import ts_opd as ts
 from reasonrl.algos.distill import forward_kl, restrict_top_k, reverse_kl, scaled_log_softmax
 from reasonrl.algos.masked import group_first_rows, group_inverse, group_sum, masked_mean, masked_sum
 from reasonrl.batch import RolloutBatch
-from reasonrl.methods.base import Method, MethodContext
+from reasonrl.methods.base import Method, MethodContext, need_learner_scorer
 from reasonrl.methods.opd import teacher_logits
 from reasonrl.params import Range
 from reasonrl.registry import METHODS
@@ -100,11 +100,7 @@ class TransferStratifiedOPD(Method):
 
     @classmethod
     def check(cls, recipe: Any, need, config: Any) -> None:
-        from reasonrl.registry import ROLLOUT_SOURCES
-
-        need(getattr(ROLLOUT_SOURCES.get(recipe.rollout.source), "scores_in_learner", False),
-             f"methods[ts_opd] screens problems with the run's reward functions in the learner; rollout.source "
-             f"'{recipe.rollout.source}' scores elsewhere: use rollout.source 'sync'")
+        need_learner_scorer(recipe, need, "methods[ts_opd] screens problems")
 
     def setup(self, ctx: MethodContext) -> None:
         from reasonrl.train.teacher import build_teacher_policy

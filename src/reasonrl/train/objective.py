@@ -82,6 +82,14 @@ def totals(mini: RolloutBatch, cfg: LossConfig, norm_len: int) -> Totals:
     return Totals(tokens=max(1, int(loss_mask(mini, cfg).sum())), seqs=len(mini), norm_len=norm_len, group_rows=rows)
 
 
+def completion_logits(policy: HFPolicy, batch: RolloutBatch, share_prompt: bool = True) -> Tensor:
+    """Next-token logits ``[N, T, V]`` at the batch's completion positions (with gradient, unless
+    the caller disables it); ``share_prompt``: each group's prompt runs once (the full
+    distributions a distillation term, a teacher or a reference needs)."""
+    return policy.completion_logits(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                    batch.completion_mask, batch.group_ids if share_prompt else None)
+
+
 def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: float, share_prompt: bool,
                         with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
     return policy.completion_logprobs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
@@ -119,8 +127,7 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
         check_whole_groups(micro, totals.group_rows, cfg.policy)
     mask = loss_mask(micro, cfg)
     if terms:  # a term may need the full distributions: one forward pass serves both
-        logits = policy.completion_logits(micro.prompt_ids, micro.prompt_mask, micro.completion_ids,
-                                          micro.completion_mask, micro.group_ids if share_prompt else None)
+        logits = completion_logits(policy, micro, share_prompt)
         logp, entropy = token_logprobs_and_entropy(logits, micro.completion_ids, temperature, with_entropy=True)
     else:
         logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True)

@@ -30,6 +30,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import OptimConfig, TeacherConfig
 from reasonrl.policy.factory import build_policy
 from reasonrl.policy.hf import HFPolicy
+from reasonrl.train.objective import completion_logits  # noqa: F401  (RA needs the full distributions; part of this module's API)
 from reasonrl.train.optim import Learner
 
 __all__ = ["Teacher", "build_teacher_policy", "check_shared_vocabulary", "completion_logits"]
@@ -47,13 +48,6 @@ def check_shared_vocabulary(student_tokenizer, teacher_tokenizer, role: str = "t
         f"the student has {len(s)} tokens, the {role} {len(t)}; they differ on e.g. "
         + ", ".join(f"{tok!r} (student id {s.get(tok)}, {role} id {t.get(tok)})" for tok in differ)
         + f". Choose a {role}.model of the student's model family.")
-
-
-def completion_logits(policy: HFPolicy, batch: RolloutBatch) -> Tensor:
-    """Next-token logits ``[N, T, V]`` at the completion positions, each group's prompt run
-    once: RA needs the full distributions, not just the sampled tokens' log-probs."""
-    return policy.completion_logits(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                    batch.completion_mask, batch.group_ids)
 
 
 def build_teacher_policy(cfg: Any, student: HFPolicy, log: Callable[[str], None] | None = None,
