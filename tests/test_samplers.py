@@ -26,6 +26,9 @@ class Recording(PromptSampler):
     def observe(self, problems, rewards, step):
         Recording.observed.append((step, [p.prompt for p in problems], rewards))
 
+    def metrics(self):
+        return {"recording/observed": float(len(Recording.observed))}
+
 
 @pytest.fixture
 def recording():
@@ -56,6 +59,8 @@ def test_observe_receives_every_sampled_prompt_with_its_rewards(tmp_path, record
         assert len(prompts) == 4 and len(values) == 16
         assert sum(values) / len(values) == pytest.approx(row["reward/mean"], rel=1e-6)
         assert len(set(values)) > 1  # real, varied rewards
+    # The sampler's metrics are logged with the step they were measured after.
+    assert [row["recording/observed"] for row in rows] == [1.0, 2.0]
 
 
 def test_the_default_sampler_is_the_task_stream():

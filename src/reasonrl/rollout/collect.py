@@ -32,6 +32,9 @@ class CollectStats:
     reward_failures: dict[str, int] = field(default_factory=dict)
     # What a sampler in another process measured (the async source's prefix checks), for the log.
     sampler_metrics: dict[str, float] = field(default_factory=dict)
+    # The prompt sampler's own metrics after this step's rounds (``PromptSampler.metrics``); they
+    # travel with the batch, so an async source's prompt sampler is logged like a local one.
+    prompt_sampler_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def stop_strings(recipe: Recipe, task) -> list[str] | None:
@@ -131,6 +134,7 @@ def collect(policy: HFPolicy, scorer: Scorer, task: Task, recipe: Recipe, step: 
             kept_groups += len(batch) // recipe.rollout.num_generations
         if kept_groups >= n:
             break
+    stats.prompt_sampler_metrics = sampler.metrics()
     pad = policy.tokenizer.pad_token_id
     all_rows = RolloutBatch.concat(everything, pad_id=pad)
     train_batch = RolloutBatch.concat(kept, pad_id=pad) if kept else all_rows.select([])

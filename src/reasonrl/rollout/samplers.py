@@ -7,6 +7,8 @@ A sampler is a class built as ``cls(task=..., seed=..., **params)`` with
 - ``observe(problems, rewards, step)``: after scoring, every sampled problem with the rewards
   of its G completions (``rewards[i]`` is the list for ``problems[i]``), so a curriculum or
   budget scheduler can learn from results;
+- ``metrics() -> dict[str, float]``: logged with the step after its rounds (e.g. a budget
+  scheduler's spend), named ``<sampler>/<metric>``;
 - ``state_dict()`` / ``load_state_dict(state)``: all it has learned and every random stream it
   owns, saved in each checkpoint, so a resumed run draws exactly the prompts the
   uninterrupted run would have drawn.
@@ -42,6 +44,9 @@ class PromptSampler:
 
     def observe(self, problems: list[Problem], rewards: list[list[float]], step: int) -> None:
         pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

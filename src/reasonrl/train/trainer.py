@@ -299,6 +299,7 @@ class Trainer:
             "truncated_fraction": float(sampled.truncated.float().mean()),
             "zero_variance_group_fraction": stats.zero_variance_groups / max(stats.sampled_groups, 1),
             "sampling_rounds": stats.rounds,
+            **stats.prompt_sampler_metrics,
             # Entropy of the sampling distribution estimated over every sampled row, so methods that
             # train on a subset (GRPODropout) compare fairly with those that do not.
             "rollout/neg_logprob": float(-masked_mean(sampled.sample_logprobs, sampled.response_mask)),
