@@ -131,6 +131,29 @@ def test_train_and_eval_inputs_differ_and_bad_parameters_are_named():
         GroundingTask(min_event=8, max_event=4)
 
 
+def test_decoys_are_shorter_runs_of_other_classes_and_off_by_default():
+    import re
+
+    # without decoys the inputs are those the docs page shows (the same random stream as before)
+    assert GroundingTask().train_problems(0, 1, 0)[0].prompt == "21334403240010440028888888888020;"
+    task = GroundingTask(decoys=2)
+    problems = [p for p in task.train_problems(0, 200, 0) if p.meta["view"] == "dense"]
+    problems += GroundingTask(decoys=2, budget=32).eval_problems(50)
+    for p in problems:
+        s, e = p.meta["span"]
+        runs = [(m.start(), m.end() - 1, m.group()[0]) for m in re.finditer(r"5+|6+|7+|8+|9+", p.prompt)]
+        event = [r for r in runs if r[:2] == (s, e)]
+        assert event and event[0][2] == p.meta["label"], p.prompt
+        others = [r for r in runs if r[:2] != (s, e)]
+        # two decoys (runs never merge), each shorter than the event, of another class, apart from it
+        assert len(others) == 2, p.prompt
+        assert all(b - a < e - s and c != p.meta["label"] and (b < s - 1 or a > e + 1) for a, b, c in others)
+    with pytest.raises(ValueError, match="task.decoys"):
+        GroundingTask(decoys=4)
+    with pytest.raises(ValueError, match="task.decoys"):
+        GroundingTask(decoys=1, min_event=1)
+
+
 def test_warmup_jitters_a_share_of_the_spans():
     task = GroundingTask(careless_fraction=0.5, jitter=2)
     problems = task.warmup_problems(0, 400, 0)

@@ -21,6 +21,12 @@ views only, each of a different input) or ``dense``. ``eval_problems`` always gi
 inputs at ``budget`` frames (``budget: <length>`` = dense), the same inputs at every budget, so
 one recipe evaluates sparse accuracy and ``benchmarks/saver_budgets.py`` sweeps the budget.
 
+``decoys`` (default 0) adds that many shorter runs of other high digits (1..``min_event`` − 1
+frames, apart from the event and from each other); the event is the longest run. A decoy makes
+the dense view mislead a model that grounds the first or any high run, so the best dense rollout
+can be wrong and SAVER's reliability gate has something to close on (with no decoys the dense
+view is easy and the gate stays open). The warm-up has no decoys: the model meets them in RL.
+
 Warm-up (``warmup_problems``, what ``TinySpec(task="grounding")`` imitates): views at a budget
 drawn from {N, N/2, N/4, N/8} with the true span and class, except that a share
 ``careless_fraction`` of the solutions move each boundary by up to ``jitter`` frames (a careless
@@ -74,6 +80,8 @@ class GroundingTask:
     budget: Optional[Annotated[int, Range(ge=1)]] = None
     """Frames the sparse view keeps (training and eval); default length // 8 (SAVER's N/8)."""
     views: Literal["paired", "sparse", "dense"] = "paired"
+    decoys: Annotated[int, Range(ge=0, le=4)] = 0
+    """Shorter runs of other high digits in every input (the event is the longest run)."""
     careless_fraction: Annotated[float, Range(ge=0, le=1)] = 0.5
     jitter: Annotated[int, Range(ge=0)] = 2
     eval_fraction: Annotated[float, Range(gt=0, lt=1)] = 0.1
@@ -89,6 +97,12 @@ class GroundingTask:
             self.budget = max(1, self.length // 8)
         if not 1 <= self.budget <= self.length:
             raise ValueError(f"task.budget must be in 1..{self.length} (task.length), got {self.budget}")
+        if self.decoys and self.min_event < 2:
+            raise ValueError("task.decoys needs task.min_event >= 2 (a decoy is shorter than the event)")
+        room = self.length - self.max_event - 1 - self.decoys * self.min_event
+        if self.decoys and room < 0:
+            raise ValueError(f"task.decoys={self.decoys} do not fit beside an event of up to "
+                             f"{self.max_event} frames in task.length={self.length} frames")
 
     # -- drawing inputs ------------------------------------------------------------------------
     def _input(self, rng: random.Random, held_out: bool) -> tuple[str, int, int, str]:
@@ -98,8 +112,32 @@ class GroundingTask:
             s = rng.randrange(self.length - n + 1)
             c = rng.choice(HIGH)
             frames = "".join(c if s <= i < s + n else rng.choice(LOW) for i in range(self.length))
+            if self.decoys:
+                frames = self._add_decoys(frames, s, s + n - 1, c, rng)
+                if frames is None:
+                    continue
             if in_eval_split(frames, self.eval_fraction) == held_out:
                 return frames, s, s + n - 1, c
+
+    def _add_decoys(self, frames: str, s: int, e: int, c: str, rng: random.Random) -> str | None:
+        """``decoys`` runs of 1..min_event−1 frames of a high digit other than c, each with at least
+        one background frame between it and the event or another decoy (so runs never merge and
+        the event stays the unique longest run). Positions are drawn until they fit; None (draw
+        another input) when 100 draws do not, which a crowded sequence can cause."""
+        out = list(frames)
+        taken = [(s - 1, e + 1)]  # occupied spans, padded by one background frame
+        for _ in range(self.decoys):
+            for _ in range(100):
+                n = rng.randint(1, self.min_event - 1)
+                a = rng.randrange(self.length - n + 1)
+                if all(a + n - 1 < lo or a > hi for lo, hi in taken):
+                    break
+            else:
+                return None
+            d = rng.choice([h for h in HIGH if h != c])
+            out[a:a + n] = d * n
+            taken.append((a - 1, a + n))
+        return "".join(out)
 
     def _view(self, frames: str, s: int, e: int, c: str, budget: int, rng: random.Random, pair: str,
               view: str) -> Problem:
