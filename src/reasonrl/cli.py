@@ -1,4 +1,4 @@
-"""``reasonrl`` command line: train, eval, report, quickstart, sandbox.
+"""``reasonrl`` command line: train, eval, report, quickstart, sandbox, expdis, fuse.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data), 1 anything else.
 """
@@ -174,6 +174,18 @@ def cmd_expdis(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fuse(args: argparse.Namespace) -> int:
+    """SURGE: fuse two checkpoints of one run; see docs/methods/surge.md."""
+    from reasonrl.fuse import FuseSettings, fuse
+
+    settings = FuseSettings.validated(retain=args.retain, gamma=args.gamma, beta_res=args.beta_res,
+                                      projection=args.projection, embeddings=args.embeddings,
+                                      control=args.control, seed=args.seed)
+    info = fuse(args.anchor, args.donor, args.base, args.output, settings, overwrite=args.overwrite)
+    print(json.dumps({"output": args.output, **info["summary"]}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -239,6 +251,22 @@ def build_parser() -> argparse.ArgumentParser:
     exd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a recipe value; expdis.<key>=... sets the loop's settings (repeatable)")
     exd.set_defaults(func=cmd_expdis)
+
+    fz = sub.add_parser("fuse", help="SURGE: fuse an anchor and a donor checkpoint of one run into an HF folder")
+    fz.add_argument("anchor", metavar="ANCHOR", help="a run folder, checkpoint folder, model folder or alias")
+    fz.add_argument("donor", metavar="DONOR", help="the checkpoint whose complementary update is added")
+    fz.add_argument("--base", required=True, help="the model both were trained from (e.g. tiny)")
+    fz.add_argument("--retain", type=float, default=0.9, help="ρ: anchor spectral energy kept per matrix")
+    fz.add_argument("--gamma", type=float, default=1.0, help="γ: weight of the donor's complementary component")
+    fz.add_argument("--beta-res", type=float, default=0.0, help="β_res: weight of the anchor's residual")
+    fz.add_argument("--projection", default="two_sided", help="two_sided or one_sided")
+    fz.add_argument("--embeddings", default="svd", help="svd (fuse them) or anchor (copy the anchor's)")
+    fz.add_argument("--control", default="none",
+                    help="none, random or random_unconstrained: a random direction of C_d's norm instead of C_d")
+    fz.add_argument("--seed", type=int, default=0, help="seed of the control's random directions")
+    fz.add_argument("-o", "--output", required=True, help="the fused model folder (written atomically)")
+    fz.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    fz.set_defaults(func=cmd_fuse)
     return parser
 
 
