@@ -122,6 +122,8 @@ def _import_components() -> None:
     import reasonrl.rewards  # noqa: F401
     import reasonrl.rollout.samplers  # noqa: F401
     import reasonrl.rollout.uncertainty_sampler  # noqa: F401  (registers the "uncertainty" sampler)
+    import reasonrl.rollout.regret_sampler  # noqa: F401  (registers the "regret_curriculum" sampler)
+    import reasonrl.rollout.cero  # noqa: F401  (registers the "cero" and "pool" samplers)
     import reasonrl.rollout.sources  # noqa: F401
     import reasonrl.rollout.async_source  # noqa: F401
     import reasonrl.tasks  # noqa: F401
@@ -196,7 +198,7 @@ PIPELINE_ARGS = {
     "selection": {"batch", "step", "total_steps"},
     "task": {"name"},
     "eval.task": {"name"},
-    "sampler": {"task", "seed"},
+    "sampler": {"task", "seed", "total_steps", "group_size"},
     "methods": set(),
     "env": set(),
     "off_policy": {"proximal_logprobs", "behaviour_logprobs", "response_mask"},
@@ -269,6 +271,9 @@ def _check_semantics(r: Recipe, where: str) -> None:
     advantage = _registered(registry.ADVANTAGES, r.advantage.name, where, "advantage.name")
     if hasattr(advantage, "check_recipe"):
         advantage.check_recipe(r, lambda cond, msg: need(cond, where, msg))
+    sampler = _registered(registry.PROMPT_SAMPLERS, r.sampler.name, where, "sampler.name")
+    if hasattr(sampler, "check_recipe"):  # e.g. a budget over the run's steps (cero)
+        sampler.check_recipe(r, lambda cond, msg: need(cond, where, msg))
     # A method whose meaning depends on other sections (an env with channels) says so with ``check``.
     from reasonrl.methods.base import method_specs
 

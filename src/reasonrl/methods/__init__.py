@@ -16,4 +16,5 @@ from reasonrl.methods import rl_arc  # noqa: F401  (registers "rl_arc", calibrat
 from reasonrl.methods import saver  # noqa: F401  (registers "saver", the paired views' gated reference reward)
 from reasonrl.methods import rlcpr  # noqa: F401  (registers "rlcpr", the verifier-free probability reward)
 from reasonrl.methods import clinical_judge  # noqa: F401  (registers "clinical_judge", the entropy-normalised judge)
+from reasonrl.methods import hindsight_regret  # noqa: F401  (registers "hindsight_regret", the curriculum's regret)
 from reasonrl.methods.base import Method, MethodContext, build_methods  # noqa: F401

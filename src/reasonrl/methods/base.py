@@ -64,6 +64,9 @@ class MethodContext:
     task: Any = field(repr=False, default=None)
     generator: Any = field(repr=False, default=None)
     """The run's random generator: draws from it are restored on resume with the run's state."""
+    sampler: Any = field(repr=False, default=None)
+    """The run's prompt sampler (``reasonrl.rollout.samplers``), for a method that feeds it what
+    only a method can measure (the hindsight regrets of ``hindsight_regret``)."""
 
 
 class Method:

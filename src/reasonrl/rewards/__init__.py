@@ -41,3 +41,4 @@ from reasonrl.rewards import grounding  # noqa: F401  (registers "grounding" and
 from reasonrl.rewards import proxy  # noqa: F401  (registers "proxy_length_keyword", the reward-hacking demo)
 from reasonrl.rewards import aural  # noqa: F401  (registers AURAL-RL's "aural" reward and "mixed_quality" selector)
 from reasonrl.rewards import clinical  # noqa: F401  (registers "concept_f1", "consistency_penalty", "exact_match", "token_f1")
+from reasonrl.rewards import forecast  # noqa: F401  (registers "forecast" and "forecast_direction", macro2mind's rewards)

@@ -110,14 +110,13 @@ class SamplerWorker:
 
     def __init__(self, recipe, start: dict[str, Any]) -> None:
         from reasonrl.policy.factory import build_policy
-        from reasonrl.registry import PROMPT_SAMPLERS
+        from reasonrl.rollout.samplers import build_sampler
         from reasonrl.rewards.scorer import build_scorer
         from reasonrl.tasks.base import build_task
 
         self.recipe, self.stride = recipe, start.get("stride", 1)
         self.task = build_task(recipe)
-        self.sampler = PROMPT_SAMPLERS.get(recipe.sampler.name)(task=self.task, seed=recipe.train.seed,
-                                                                 **recipe.sampler.params)
+        self.sampler = build_sampler(recipe, self.task)
         self.sampler.load_state_dict(start["sampler"])
         self.generator = torch.Generator()
         self.generator.set_state(start["generator"])

@@ -26,7 +26,7 @@ from reasonrl.params import Range
 from reasonrl.registry import PROMPT_SAMPLERS
 from reasonrl.tasks.base import Problem
 
-__all__ = ["PromptSampler", "TaskStream", "Learnability"]
+__all__ = ["PromptSampler", "TaskStream", "Learnability", "build_sampler"]
 
 # Round r of a step draws a prompt stream of its own (dynamic sampling's top-up rounds).
 ROUND_SEED_STRIDE = 7919
@@ -53,6 +53,17 @@ class PromptSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+def build_sampler(recipe: Any, task: Any) -> PromptSampler:
+    """The recipe's prompt sampler. The pipeline supplies ``task`` and ``seed`` (train.seed), and
+    to a sampler that declares them ``total_steps`` (train.steps) and ``group_size``
+    (rollout.num_generations): a budget over the whole run (``cero``) needs its horizon."""
+    from reasonrl.params import inject
+
+    pipeline = {"task": task, "seed": recipe.train.seed, "total_steps": recipe.train.steps,
+                "group_size": recipe.rollout.num_generations}
+    return inject(PROMPT_SAMPLERS.get(recipe.sampler.name), (), pipeline, recipe.sampler.params)
 
 
 @PROMPT_SAMPLERS.register("stream")

@@ -13,3 +13,4 @@ from reasonrl.tasks import gsm8k_graph  # noqa: F401  (registers "gsm8k_graph", 
 from reasonrl.tasks import arithmetic_proposals  # noqa: F401  (registers "arithmetic_proposals", SynCo's Synthesizer task)
 from reasonrl.tasks import grounding  # noqa: F401  (registers "grounding", SAVER's dense/sparse-view task)
 from reasonrl.tasks import clinical_qa  # noqa: F401  (registers "clinical_qa", the clinical soft verifier's task)
+from reasonrl.tasks import forecast  # noqa: F401  (registers "forecast", the hindsight-regret curriculum's task)

@@ -35,10 +35,11 @@ from reasonrl.methods.base import Method, MethodContext, build_methods
 from reasonrl.params import inject
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
-from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, PROMPT_SAMPLERS, ROLLOUT_SOURCES, SELECTORS, TOKEN_REWARDS
+from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, ROLLOUT_SOURCES, SELECTORS, TOKEN_REWARDS
 from reasonrl.rewards.scorer import build_scorer
 from reasonrl.rewards.token_level import dense_token_rewards
 from reasonrl.rollout.collect import check_rollout_fits
+from reasonrl.rollout.samplers import build_sampler
 from reasonrl.rollout.sources import SourceContext
 from reasonrl.tasks.base import build_task  # noqa: F401  (also part of this module's API)
 from reasonrl.train import checkpoint as ckpt
@@ -89,7 +90,7 @@ class Trainer:
             torch.set_num_threads(r.train.threads)
         self.generator = seed_everything(r.train.seed)
         self.task = build_task(r)
-        self.sampler = PROMPT_SAMPLERS.get(r.sampler.name)(task=self.task, seed=r.train.seed, **r.sampler.params)
+        self.sampler = build_sampler(r, self.task)
         self.evaluator = Evaluator(r, self.task)
         check_trackers(r.log.report_to)  # a missing extra fails now, not after the run folder exists
         # Reward workers are forked now, before the model exists, so they share no model pages.
@@ -108,7 +109,7 @@ class Trainer:
             generator=self.generator, log=self.log))
         ctx = MethodContext(recipe=r, policy=self.policy, run_dir=self.run_dir, log=self.log,
                             learner=lambda params, optim: Learner(params, optim, r.train.steps),
-                            scorer=self.scorer, task=self.task, generator=self.generator)
+                            scorer=self.scorer, task=self.task, generator=self.generator, sampler=self.sampler)
         for _, method in self.methods:
             method.setup(ctx)
         self.state = TrainState()
