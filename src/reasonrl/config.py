@@ -128,6 +128,7 @@ def _import_components() -> None:
     import reasonrl.rollout.async_source  # noqa: F401
     import reasonrl.tasks  # noqa: F401
     import reasonrl.train.optim  # noqa: F401
+    import reasonrl.train.logra  # noqa: F401  (registers the "logra" optimiser)
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -250,6 +251,8 @@ def _check_semantics(r: Recipe, where: str) -> None:
         _check_whole_groups(r, where)
     optimizer = _registered(registry.OPTIMIZERS, r.optim.name, where, "optim.name")
     check_component_params(optimizer, r.optim.params, where, "optim.params", PIPELINE_ARGS["optim"])
+    if hasattr(optimizer, "check_recipe"):  # e.g. logra: no LoRA, no LR settings
+        optimizer.check_recipe(r, lambda cond, msg: need(cond, where, msg))
     _registered(registry.SCHEDULES, r.optim.schedule, where, "optim.schedule")
     eval_reward = _registered(registry.REWARDS, r.eval.reward, where, "eval.reward")
     need(not getattr(eval_reward, "group_reward", False), where,

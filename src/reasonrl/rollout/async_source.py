@@ -124,6 +124,9 @@ class SamplerWorker:
         self.scorer = build_scorer(recipe).start()
         policy = build_policy(recipe.model, log=lambda m: None, decoder=recipe.rollout.decoder)
         self.policy = policy.sampling_copy(recipe.rollout.dtype)
+        if start.get("lowrank"):  # LoGRA sync: frozen like the learner's, so the same kernels give the same bits
+            for p in self.policy.model.parameters():
+                p.requires_grad_(False)
         self.version, self.published = -1, -1
         self.simulated = recipe.rollout.simulated_staleness // optimizer_steps_per_step(recipe)
         self.lag = self.simulated if recipe.rollout.simulated_staleness else admission_lag(recipe)
@@ -136,6 +139,8 @@ class SamplerWorker:
     def _handle(self, message) -> None:
         if message[0] == "stop":
             raise _Stop
+        if message[0] == "lowrank":
+            return self._apply_lowrank(*message[1:])
         _, version, published, tensors = message
         if self.step >= self.recipe.train.steps:
             return  # every batch is out: late weights are of no use
@@ -148,6 +153,13 @@ class SamplerWorker:
                 self.policy.set_weights(tensors)
                 self.version = version
         self.published = max(self.published, published)
+
+    def _apply_lowrank(self, version: int, published: int, payload: dict) -> None:
+        """LoGRA sync: the learner's low-rank updates, applied to the weights held."""
+        from reasonrl.train.logra import apply_newer_updates
+
+        apply_newer_updates(self.policy.model, self.version, payload)
+        self.version, self.published = max(self.version, version), max(self.published, published)
 
     def _poll(self, inbox) -> bool:
         """Take the messages that arrived; are newer weights waiting to be loaded?"""
@@ -241,6 +253,15 @@ class AsyncSource(RolloutSource):
         self.k_steps = ro.simulated_staleness // optimizer_steps_per_step(self.recipe)
         self.snapshots: dict[int, tuple[int, dict]] = {}  # simulated: published step -> (version, weights)
         self.sampler_metrics: dict[str, float] = {}  # the latest batch's partial/* and rollverify/*
+        # LoGRA sync: a learner that offers its low-rank updates sends them instead of full weights
+        # (one local sampler in lockstep order; simulated staleness and prefix checks keep whole weights).
+        learner = ctx.learner
+        self.lowrank = (hasattr(learner, "take_updates") and ro.engine == "local" and not self.k_steps
+                        and not (ro.partial and ro.prefix_check is not None))
+        if self.lowrank:
+            learner.record_updates = True
+        self.sync_metrics: dict[str, float] = {}
+        self.full_bytes = 0
 
     @classmethod
     def check(cls, recipe, need) -> None:
@@ -297,11 +318,14 @@ class AsyncSource(RolloutSource):
         from reasonrl.rollout.endpoints import LocalEndpoint, RayEndpoint
 
         engine = RayEndpoint if self.recipe.rollout.engine == "ray" else LocalEndpoint
-        start = {**self.resume_from[i], "stride": self.n}
+        start = {**self.resume_from[i], "stride": self.n, "lowrank": self.lowrank}
         self.endpoints[i] = endpoint = engine(self.recipe.to_dict(), self.threads, start)
         if self.k_steps:
             for published, (version, tensors) in sorted(self.snapshots.items()):
                 endpoint.send(("weights", version, published, tensors))
+        elif self.lowrank:  # whole weights now hold every update so far: label them with the learner's count
+            self.ctx.learner.take_updates()
+            endpoint.send(("weights", self.ctx.learner.k, self.step, self.ctx.policy.weights()))
         else:
             endpoint.send(("weights", self.version, self.step, self.ctx.policy.weights()))
 
@@ -353,6 +377,8 @@ class AsyncSource(RolloutSource):
         self.version, self.step = version, step
         if step >= self.recipe.train.steps or step % self.recipe.rollout.sync_every:
             return
+        if self.lowrank:
+            return self._publish_lowrank(policy, version, step)
         tensors = policy.weights()
         if self.k_steps:  # keep what a restarted or resumed sampler will still need
             self.snapshots[step] = (version, tensors)
@@ -361,8 +387,20 @@ class AsyncSource(RolloutSource):
         for endpoint in self.endpoints:
             endpoint.send(("weights", version, step, tensors))
 
+    def _publish_lowrank(self, policy, version, step) -> None:
+        """LoGRA sync: the updates since the last publish as (D_ℓ, k, α) and the seed, with the
+        exact byte count beside that of the whole weights."""
+        from reasonrl.train.logra import lowrank_payload_bytes
+
+        payload = self.ctx.learner.take_updates()
+        if not self.full_bytes:
+            self.full_bytes = sum(t.numel() * t.element_size() for t in policy.weights().values())
+        self.sync_metrics = {"logra/sync_bytes": lowrank_payload_bytes(payload), "logra/full_sync_bytes": self.full_bytes}
+        for endpoint in self.endpoints:
+            endpoint.send(("lowrank", version, step, payload))
+
     def metrics(self) -> dict[str, float]:
-        return {**self.counts, **self.sampler_metrics}
+        return {**self.counts, **self.sampler_metrics, **self.sync_metrics}
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

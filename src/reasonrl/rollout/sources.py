@@ -49,6 +49,7 @@ class SourceContext:
     sampler: Any  # the prompt sampler
     generator: torch.Generator  # the sampling random stream (saved with the Trainer's RNG state)
     log: Callable[[str], None]
+    learner: Any = None  # the policy's Learner (LoGRA's async sync takes its low-rank updates)
 
 
 def optimizer_steps_per_step(recipe) -> int:

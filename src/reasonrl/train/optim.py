@@ -26,7 +26,7 @@ from reasonrl.batch import RolloutBatch
 from reasonrl.config import OptimConfig
 from reasonrl.registry import OPTIMIZERS, SCHEDULES
 
-__all__ = ["adamw", "sgd", "lr_multiplier", "Learner", "LossFn"]
+__all__ = ["adamw", "sgd", "lr_multiplier", "Learner", "LossFn", "build_learner"]
 
 
 @OPTIMIZERS.register("adamw")
@@ -79,6 +79,16 @@ def lr_multiplier(step: int, warmup: int, total: int, schedule: Callable[[int, i
 LossFn = Callable[[RolloutBatch, RolloutBatch, int, int], tuple[Tensor, dict[str, float]]]
 
 
+def build_learner(policy, recipe) -> "Learner":
+    """The policy's learner: a :class:`Learner` over its trainable parameters, or the subclass
+    an optimiser entry names as its ``learner`` attribute, built from the policy and the recipe
+    (an optimiser that needs the model's layers and the batch, e.g. LoGRA)."""
+    cls = getattr(OPTIMIZERS.get(recipe.optim.name), "learner", None)
+    if cls is not None:
+        return cls(policy, recipe)
+    return Learner(policy.parameters(), recipe.optim, recipe.train.steps)
+
+
 class Learner:
     """One model's optimiser, LR schedule and gradient clipping, and the optimisation loop.
 
@@ -107,7 +117,7 @@ class Learner:
         norms: list[float] = []
         for p in range(passes):
             for mini in batch.split(mini_batch_size or len(batch)):
-                self.optimizer.zero_grad(set_to_none=True)
+                self.begin_step(mini)
                 for j, micro in enumerate(mini.split(micro_batch_size)):
                     with timed("forward"):
                         loss, stats = loss_fn(micro, mini, p, j)
@@ -116,10 +126,23 @@ class Learner:
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
                 with timed("optimizer"):
-                    norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.cfg.max_grad_norm)
-                    self.optimizer.step()
-                norms.append(float(norm))
+                    norms.append(self.step(mini))
         return sums, norms
+
+    # The two seams of the loop; an optimiser that needs the model and the mini-batch (LoGRA's
+    # sketch hooks and probe, ``reasonrl.train.logra``) brings a subclass that overrides them.
+    def begin_step(self, mini: RolloutBatch) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self, mini: RolloutBatch) -> float:
+        """Clip, step; returns the gradient norm before clipping."""
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        return float(norm)
+
+    def metrics(self) -> dict[str, float]:
+        """The optimiser's own metrics since the last call (logged with the step)."""
+        return {}
 
     def end_step(self) -> float:
         """Advance the schedule by one training step; returns the LR that step used."""

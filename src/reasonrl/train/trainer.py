@@ -46,7 +46,7 @@ from reasonrl.train import checkpoint as ckpt
 from reasonrl.train.metrics import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.behaviour import prepare_behaviour
 from reasonrl.train.objective import batch_logprobs, micro_batch_loss, reduce_stats, totals
-from reasonrl.train.optim import Learner
+from reasonrl.train.optim import Learner, build_learner
 from reasonrl.train.progress import Progress
 from reasonrl.train.trackers import check_trackers, open_trackers
 
@@ -102,11 +102,11 @@ class Trainer:
         check_rollout_fits(r, self.policy, self.task)
         # The reference model exists only when a KL term uses it.
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
-        self.learner = Learner(self.policy.parameters(), r.optim, r.train.steps)
+        self.learner = build_learner(self.policy, r)  # the optimiser entry may bring its own (logra)
         self.methods = build_methods(r)
         self.source = source(SourceContext(
             recipe=r, policy=self.policy, scorer=self.scorer, task=self.task, sampler=self.sampler,
-            generator=self.generator, log=self.log))
+            generator=self.generator, log=self.log, learner=self.learner))
         ctx = MethodContext(recipe=r, policy=self.policy, run_dir=self.run_dir, log=self.log,
                             learner=lambda params, optim: Learner(params, optim, r.train.steps),
                             scorer=self.scorer, task=self.task, generator=self.generator, sampler=self.sampler)
@@ -287,7 +287,7 @@ class Trainer:
                                             mini_batch_size=r.train.mini_batch_size,
                                             micro_batch_size=r.train.micro_batch_size, watch=watch)
         self.state.policy_version += len(norms)
-        return {**reduce_stats(sums, len(norms)), "grad_norm": sum(norms) / len(norms),
+        return {**reduce_stats(sums, len(norms)), **self.learner.metrics(), "grad_norm": sum(norms) / len(norms),
                 "lr": self.learner.end_step(), "policy_version": self.state.policy_version}
 
     def _rollout_metrics(self, sampled: RolloutBatch, stats) -> dict[str, Any]:
