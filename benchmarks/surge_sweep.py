@@ -24,7 +24,7 @@ from pathlib import Path
 
 from reasonrl.cli import main as reasonrl
 from reasonrl.fsutil import atomic_write_text
-from reasonrl.fuse import FUSE_FILE, FuseSettings, fuse, resolve_source
+from reasonrl.fuse import FUSE_FILE, FuseSettings, fuse
 from reasonrl.train.checkpoint import MODEL_DIR, list_checkpoints
 from reasonrl.train.metrics import read_metrics
 
@@ -43,8 +43,7 @@ def best_checkpoint(run_dir: Path) -> Path:
 def evaluate(model: str, name: str, out: Path, args: argparse.Namespace) -> dict:
     path = out / "evals" / f"{name}.json"
     if not path.is_file():
-        # reasonrl eval takes run and model folders; a checkpoint folder is resolved to its model/ here
-        code = reasonrl(["eval", "--model", resolve_source(model, name), "--task", args.task, "--size", str(args.size), "--n", str(args.n),
+        code = reasonrl(["eval", "--model", model, "--task", args.task, "--size", str(args.size), "--n", str(args.n),
                          "--k", str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed),
                          "--temperature", str(args.temperature), "-o", str(path),
                          *[a for p in args.task_param for a in ("--task-param", p)]])

@@ -256,3 +256,16 @@ def test_sweep_helper_evaluates_inputs_and_each_fused_model(run, tmp_path, capsy
     (run / "run" / "metrics.jsonl").write_text(
         (run / "run" / "metrics.jsonl").read_text() + '{"step": 1, "eval/accuracy": 0.9}\n{"step": 2, "eval/accuracy": 0.1}\n')
     assert sweep.best_checkpoint(run / "run").name == "step_000001"
+
+
+def test_eval_loads_a_checkpoint_folder_as_its_model(run):
+    # `reasonrl eval --model runs/X/checkpoints/step_N` (and the sweep) read the checkpoint's model/
+    from reasonrl.policy.loading import load_for_eval
+
+    policy = load_for_eval(str(run / "run" / "checkpoints" / "step_000001"))
+    saved = AutoModelForCausalLM.from_pretrained(run / "run" / "checkpoints" / "step_000001" / "model")
+    final = AutoModelForCausalLM.from_pretrained(run / "run" / "final_model")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    got = dict(policy.model.named_parameters())[name]
+    assert torch.equal(got, dict(saved.named_parameters())[name])
+    assert not torch.equal(got, dict(final.named_parameters())[name])

@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="sample n completions per problem: avg@k, pass@k, maj@k, greedy, with CIs")
-    ev.add_argument("--model", required=True, help="tiny, a run folder, a model folder, a .gguf or an alias")
+    ev.add_argument("--model", required=True, help="tiny, a run folder, a checkpoint folder, a model folder, a .gguf or an alias")
     ev.add_argument("--task", required=True)
     ev.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE")
     ev.add_argument("--n", type=int, default=16, help="samples per problem")

@@ -26,7 +26,7 @@ from reasonrl.algos.surge import Control, Projection, fuse_matrix
 from reasonrl.config import ConfigError
 from reasonrl.fsutil import atomic_directory
 from reasonrl.params import Range, check_component_params
-from reasonrl.policy.loading import HUB_ID, SMOLLM2_ALIAS
+from reasonrl.policy.loading import HUB_ID, SMOLLM2_ALIAS, model_folder
 
 FUSE_FILE = "fuse.json"
 
@@ -70,10 +70,9 @@ def resolve_source(spec: str, role: str) -> str:
         if path.suffix == ".gguf":
             return spec
         raise ConfigError(f"{role} {spec}: a file; expected a model folder, a run or checkpoint folder, or a .gguf")
-    if (path / "final_model").is_dir():
-        path = path / "final_model"
-    elif (path / "model").is_dir() and (path / "state.pt").is_file():
-        path = path / "model"
+    resolved = model_folder(path)
+    if resolved != path:
+        path = resolved
     elif (path / "checkpoints").is_dir() and not (path / "config.json").is_file():
         steps = sorted(p.name for p in (path / "checkpoints").iterdir() if p.name.startswith("step_"))
         raise ConfigError(f"{role} {spec}: a run folder without final_model (unfinished?); name a checkpoint "
@@ -104,7 +103,7 @@ def check_compatible(models: dict[str, torch.nn.Module]) -> None:
             raise ConfigError(f"{role} is a {model.config.model_type} model but {ref_role} is a "
                               f"{ref.config.model_type}; fuse checkpoints of one architecture")
         params = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        for name in ref_params.keys() | params.keys():
+        for name in [*ref_params, *(n for n in params if n not in ref_params)]:  # model order: a stable 'first'
             if name not in params or name not in ref_params:
                 has, lacks = (ref_role, role) if name not in params else (role, ref_role)
                 raise ConfigError(f"parameter '{name}' exists in {has} but not in {lacks}: not the same architecture")

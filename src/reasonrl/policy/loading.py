@@ -108,17 +108,25 @@ def load_hf_policy(path: str | Path, *, gguf_file: str | None = None, dtype: str
     return HFPolicy(model, tokenizer, device)
 
 
+def model_folder(path: Path) -> Path:
+    """The model folder a run folder (its ``final_model``) or a checkpoint folder
+    (``checkpoints/step_N``: its ``model/``) stands for; any other path as it is."""
+    if (path / "final_model").is_dir():
+        return path / "final_model"
+    if (path / "model").is_dir() and (path / "state.pt").is_file():
+        return path / "model"
+    return path
+
+
 def load_for_eval(model: str, log=None) -> HFPolicy:
     """What ``reasonrl eval --model`` accepts: ``tiny`` (the embedded model), a run folder
-    (its ``final_model``), a LoRA adapter folder (loaded onto its base), or anything
-    ``load_hf_policy`` loads."""
+    (its ``final_model``), a checkpoint folder, a LoRA adapter folder (loaded onto its base),
+    or anything ``load_hf_policy`` loads."""
     if model == "tiny":
         from reasonrl.policy.tiny import load_tiny_policy
 
         return load_tiny_policy(log=log)
-    path = Path(model)
-    if (path / "final_model").is_dir():
-        path = path / "final_model"
+    path = model_folder(Path(model))
     adapter = path / "adapter_config.json"
     if adapter.is_file():
         import json
