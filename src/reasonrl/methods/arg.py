@@ -54,7 +54,7 @@ from reasonrl.algos.arg import (DEFAULT_BINS, all_failure_groups, check_bins, ex
 from reasonrl.algos.distill import token_divergence
 from reasonrl.algos.masked import masked_sum
 from reasonrl.batch import RolloutBatch
-from reasonrl.methods.base import Method, MethodContext, need_learner_scorer
+from reasonrl.methods.base import Method, MethodContext, learner_scorer, need_learner_scorer
 from reasonrl.methods.opd import teacher_logits
 from reasonrl.params import Range
 from reasonrl.policy.sampling import cut_at_stop, left_pad, right_pad, sample_completions
@@ -113,9 +113,7 @@ class AdaptiveReferenceGuidance(Method):
                                             "off_policy correction overwrites: drop off_policy, or use prefix_mode: context")
 
     def setup(self, ctx: MethodContext) -> None:
-        if ctx.scorer is None:
-            raise ValueError("method 'arg' scores its guided rollouts with the run's scorer; this rollout source "
-                             "scores elsewhere: use rollout.source: sync")
+        learner_scorer(ctx, "arg", "its guided rollouts")
         r = ctx.recipe
         self.policy, self.scorer, self.generator, self.recipe = ctx.policy, ctx.scorer, ctx.generator, r
         self.g = self.num_guided or r.rollout.num_generations

@@ -133,6 +133,15 @@ def need_learner_scorer(recipe: Any, need: Callable[[bool, str], None], what: st
          "use rollout.source 'sync'")
 
 
+def learner_scorer(ctx: "MethodContext", name: str, what: str) -> Any:
+    """``ctx.scorer`` for a method that scores rollouts of its own (``need_learner_scorer`` is the
+    same rule at load; this guards a method built by hand). ``what``: what it scores."""
+    if ctx.scorer is None:
+        raise ValueError(f"method '{name}' scores {what} with the run's scorer; this rollout source scores "
+                         "elsewhere: use rollout.source: sync")
+    return ctx.scorer
+
+
 def method_specs(recipe: Any) -> list[tuple[str, type, Any]]:
     """The recipe's methods as (name, class, config): those enabled by their own section first
     (in registry order), then the ``methods:`` list in its order. ``config`` is the section

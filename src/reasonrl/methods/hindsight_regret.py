@@ -35,7 +35,7 @@ import torch
 
 from reasonrl.algos.regret import hindsight_regret
 from reasonrl.batch import RolloutBatch
-from reasonrl.methods.base import Method, MethodContext, need_learner_scorer
+from reasonrl.methods.base import Method, MethodContext, learner_scorer, need_learner_scorer
 from reasonrl.params import Range
 from reasonrl.policy.sampling import right_pad
 from reasonrl.registry import METHODS
@@ -60,9 +60,7 @@ class HindsightRegret(Method):
                                  "not: drop the env")
 
     def setup(self, ctx: MethodContext) -> None:
-        if ctx.scorer is None:
-            raise ValueError("method 'hindsight_regret' scores hindsight answers with the run's scorer; this rollout "
-                             "source scores elsewhere: use rollout.source: sync")
+        learner_scorer(ctx, "hindsight_regret", "hindsight answers")
         from reasonrl.rollout.collect import stop_strings
 
         self.policy, self.scorer, self.generator, self.recipe = ctx.policy, ctx.scorer, ctx.generator, ctx.recipe

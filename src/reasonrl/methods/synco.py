@@ -53,7 +53,7 @@ from reasonrl.algos.masked import last_token_mask, masked_sum
 from reasonrl.algos.synco import (DEFAULT_WEIGHTS, agreement, canonical_answer, is_reliable, novelty,
                                   synthesizer_reward, task_quality, teachability)
 from reasonrl.batch import RolloutBatch
-from reasonrl.methods.base import Method, MethodContext, need_learner_scorer
+from reasonrl.methods.base import Method, MethodContext, learner_scorer, need_learner_scorer
 from reasonrl.params import Range
 from reasonrl.perf import Stopwatch
 from reasonrl.registry import METHODS
@@ -134,9 +134,7 @@ class SynCo(Method):
 
     # -- set-up ------------------------------------------------------------------
     def setup(self, ctx: MethodContext) -> None:
-        if ctx.scorer is None:
-            raise ValueError("method 'synco' scores the Reasoner's answers with the run's scorer; this rollout "
-                             "source scores elsewhere: use rollout.source: sync")
+        learner_scorer(ctx, "synco", "the Reasoner's answers")
         from reasonrl.config import OptimConfig
         from reasonrl.evaluate.evaluator import answer_extractor
         from reasonrl.train.teacher import build_teacher_policy
