@@ -27,7 +27,7 @@ def worker_main(recipe_dict: dict, threads: int, start: dict, inbox, outbox) -> 
     try:
         torch.set_num_threads(threads)
         from reasonrl.config import recipe_from_dict
-        from reasonrl.rollout.async_source import SamplerWorker
+        from reasonrl.rollout.sampler_worker import SamplerWorker
 
         SamplerWorker(recipe_from_dict(recipe_dict, "async sampler"), start).loop(inbox, outbox)
     except BaseException:  # the learner reports it; nothing may die silently
