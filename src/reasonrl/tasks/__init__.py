@@ -14,3 +14,4 @@ from reasonrl.tasks import arithmetic_proposals  # noqa: F401  (registers "arith
 from reasonrl.tasks import grounding  # noqa: F401  (registers "grounding", SAVER's dense/sparse-view task)
 from reasonrl.tasks import clinical_qa  # noqa: F401  (registers "clinical_qa", the clinical soft verifier's task)
 from reasonrl.tasks import forecast  # noqa: F401  (registers "forecast", the hindsight-regret curriculum's task)
+from reasonrl.tasks import next_visit  # noqa: F401  (registers "next_visit", CARing's semantic-ID multi-label task)
