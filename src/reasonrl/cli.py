@@ -1,4 +1,4 @@
-"""``reasonrl`` command line: train, eval, report, quickstart, sandbox, expdis, fuse.
+"""``reasonrl`` command line: train, eval, report, quickstart, sandbox, expdis, fuse, fed-sim.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data), 1 anything else.
 """
@@ -174,6 +174,20 @@ def cmd_expdis(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fed_sim(args: argparse.Namespace) -> int:
+    """Fed-GRPO / FedAvg in Flower's simulation runtime; see docs/methods/fed_grpo.md."""
+    from reasonrl.fed.client import load_fed_recipe
+
+    recipe = load_fed_recipe(args.recipe, args.set)
+    try:
+        from reasonrl.fed.apps import simulate
+    except ImportError as exc:
+        raise ImportError(f"fed-sim needs Flower: pip install 'reasonrl[fed]' ({exc})") from None
+    summary = simulate(recipe, args.output)
+    print(json.dumps({k: summary[k] for k in ("run_dir", "rounds", "base_accuracy", "final_accuracy")}))
+    return 0
+
+
 def cmd_fuse(args: argparse.Namespace) -> int:
     """SURGE: fuse two checkpoints of one run; see docs/methods/surge.md."""
     from reasonrl.fuse import FuseSettings, fuse
@@ -251,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     exd.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a recipe value; expdis.<key>=... sets the loop's settings (repeatable)")
     exd.set_defaults(func=cmd_expdis)
+
+    fsim = sub.add_parser("fed-sim", help="Fed-GRPO/FedAvg: a federation of the recipe's clients in Flower's simulation")
+    fsim.add_argument("recipe", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
+    fsim.add_argument("-o", "--output", required=True, help="the server's output folder (clients keep state under it)")
+    fsim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
+    fsim.set_defaults(func=cmd_fed_sim)
 
     fz = sub.add_parser("fuse", help="SURGE: fuse an anchor and a donor checkpoint of one run into an HF folder")
     fz.add_argument("anchor", metavar="ANCHOR", help="a run folder, checkpoint folder, model folder or alias")

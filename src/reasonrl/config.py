@@ -118,6 +118,7 @@ def _import_components() -> None:
     # Registration happens on import; a recipe may name any built-in component.
     import reasonrl.algos  # noqa: F401
     import reasonrl.envs  # noqa: F401
+    import reasonrl.fed  # noqa: F401  (the fed_grpo method and non_iid sampler; Flower itself only when a federation runs)
     import reasonrl.methods  # noqa: F401
     import reasonrl.rewards  # noqa: F401
     import reasonrl.rollout.samplers  # noqa: F401

@@ -114,6 +114,16 @@ class Trainer:
             method.setup(ctx)
         self.state = TrainState()
 
+    def setup(self) -> None:
+        """Build the pieces without running the loop, for a driver that calls ``train_step``
+        itself (a federated client: ``reasonrl.fed.client``); ``close`` releases them."""
+        self._setup()
+
+    def close(self) -> None:
+        self.source.close()
+        if self.scorer is not None:
+            self.scorer.close()
+
     def _state_dict(self) -> dict[str, Any]:
         return {
             **self.learner.state_dict(),  # optimizer, scheduler

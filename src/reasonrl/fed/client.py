@@ -1,0 +1,152 @@
+"""One federated client: E local GRPO steps from the broadcast weights, then a sparse update.
+
+The client is the library's own ``Trainer``, driven step by step (``Trainer.setup`` builds its
+pieces; ``train_step`` is one step of sample → score → ω-weighted GRPO update); its recipe is
+the federation's recipe with
+
+- ``sampler: {name: non_iid, client: c, num_clients: C, **split}`` (its own prompts);
+- ``train.seed`` + 1000·(c + 1) (its own prompt stream and samples), ``train.steps`` = rounds·E
+  (so an LR schedule spans the whole federation), no held-out evaluation (the server's job).
+
+Its optimiser state, random streams, method state and error-feedback residual persist across
+rounds in ``<state_dir>/client_state.pt`` (the client's own disk: nothing of it is sent), so a
+client rebuilt between rounds (Flower's deployment runs each ClientApp call in a new process)
+continues exactly where the cached one would. What leaves the client: the sparse Δ_c and
+the scalars S_c, n_c and its mean reward.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from reasonrl.config import ConfigError, Recipe, recipe_from_dict
+from reasonrl.fed.codec import Layout, SparseUpdate, encode
+from reasonrl.fed.method import METHOD, FedGRPOClient
+from reasonrl.train import checkpoint as ckpt
+
+__all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "STATE_FILE"]
+
+STATE_FILE = "client_state.pt"
+CLIENT_SEED_STRIDE = 1000
+
+
+def fed_settings(recipe: Recipe) -> dict[str, Any]:
+    """The federation's settings: the recipe's ``fed_grpo`` entry of ``methods:``."""
+    entries = [m for m in recipe.methods if m.name == METHOD]
+    if len(entries) != 1:
+        raise ConfigError(f"a federated recipe needs exactly one `{METHOD}` entry in `methods:` (the federation's "
+                          f"settings), found {len(entries)}")
+    return FedGRPOClient(**entries[0].params).settings
+
+
+def load_fed_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """``load_recipe`` where ``--set fed.<key>=<value>`` sets a federation setting (in the
+    ``fed_grpo`` entry of ``methods:``, a list ``--set`` cannot address), e.g. ``fed.kappa=128``."""
+    import yaml
+
+    from reasonrl.config import load_recipe
+
+    fed_sets = [o for o in overrides or [] if o.strip().startswith("fed.")]
+    recipe = load_recipe(path, [o for o in overrides or [] if o not in fed_sets])
+    if not fed_sets:
+        return recipe
+    fed_settings(recipe)  # exactly one entry
+    d = recipe.to_dict()
+    entry = next(m for m in d["methods"] if m["name"] == METHOD)
+    for item in fed_sets:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key.sub=value, got '{item}'")
+        key, value = item.split("=", 1)
+        entry[key.strip()[len("fed."):]] = yaml.safe_load(value) if value.strip() else None
+    return recipe_from_dict(d, f"{path} (with --set)")
+
+
+def client_recipe(recipe: Recipe, client: int) -> Recipe:
+    """Client ``client``'s recipe (see the module docstring)."""
+    fed = fed_settings(recipe)
+    if not 0 <= client < fed["clients"]:
+        raise ConfigError(f"client id {client} is outside 0..{fed['clients'] - 1} ({METHOD}.clients = {fed['clients']})")
+    if recipe.sampler.name != "stream":
+        raise ConfigError(f"a federated recipe keeps `sampler: stream`; each client's non_iid split replaces it "
+                          f"(got '{recipe.sampler.name}'); set the split in {METHOD}.split")
+    d = recipe.to_dict()
+    d["sampler"] = {"key": "form", "dominant": 0.8, **fed["split"], "name": "non_iid", "client": client,
+                    "num_clients": fed["clients"]}
+    d["train"] = {**d["train"], "seed": recipe.train.seed + CLIENT_SEED_STRIDE * (client + 1),
+                  "steps": fed["rounds"] * fed["local_steps"]}
+    d["eval"] = {**d["eval"], "size": 0, "every": 0}
+    d["log"] = {**d["log"], "report_to": [], "progress": False, "plots": False}
+    return recipe_from_dict(d, f"client {client} of the federated recipe")
+
+
+@dataclass
+class RoundResult:
+    update: SparseUpdate
+    report: dict[str, float]  # signal (S_c), num-examples (n_c), reward-mean
+    metrics: list[dict[str, Any]]  # the local steps' training metrics (kept on the client)
+
+
+class FedClient:
+    def __init__(self, recipe: Recipe, client: int, state_dir: str | Path,
+                 log: Callable[[str], None] | None = None) -> None:
+        from reasonrl.train.trainer import Trainer
+
+        self.client = client
+        self.fed = fed_settings(recipe)
+        self.state_dir = Path(state_dir)
+        self.trainer = Trainer(client_recipe(recipe, client), self.state_dir, log=log or (lambda _m: None))
+        self.trainer.setup()
+        self.method = next(m for name, m in self.trainer.methods if name == METHOD)
+        self.layout = Layout.of(self.trainer.policy.weights())
+        self.residual: dict[str, Tensor] = {}
+        self.step = 0
+        if (self.state_dir / STATE_FILE).is_file():
+            self._load()
+
+    def train_round(self, global_weights: dict[str, Tensor], global_reward: float | None) -> RoundResult:
+        t, fed = self.trainer, self.fed
+        t.policy.set_weights(global_weights)
+        self.method.begin_round(global_reward)
+        metrics = []
+        for _ in range(fed["local_steps"]):
+            metrics.append(t.train_step(self.step))
+            self.step += 1
+            t.state.step = self.step
+        local = t.policy.weights()
+        delta = {n: local[n].float() - global_weights[n].float() for n in self.layout.names}
+        update = encode(delta, self.layout, fed["kappa"], self.residual, fed["error_feedback"])
+        self.residual = update.residual
+        report = self.method.report()
+        self._save()
+        return RoundResult(update, report, metrics)
+
+    def _save(self) -> None:
+        t = self.trainer
+        state = {"step": self.step, "residual": self.residual, **t.learner.state_dict(),
+                 "rng": ckpt.rng_state(t.generator), "source": t.source.state_dict(),
+                 "policy_version": t.state.policy_version,
+                 "methods": {name: m.state_dict() for name, m in t.methods}}
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_dir / (STATE_FILE + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.state_dir / STATE_FILE)  # a client killed mid-write keeps its last state
+
+    def _load(self) -> None:
+        t = self.trainer
+        state = torch.load(self.state_dir / STATE_FILE, weights_only=False)
+        self.step, self.residual = state["step"], state["residual"]
+        t.learner.load_state_dict(state)
+        ckpt.restore_rng(state["rng"], t.generator)
+        t.source.load_state_dict(state["source"])
+        t.state.step, t.state.policy_version = self.step, state["policy_version"]
+        for name, m in t.methods:
+            m.load_state_dict(state["methods"].get(name, {}))
+
+    def close(self) -> None:
+        self.trainer.close()
