@@ -120,6 +120,7 @@ class Trainer:
         self._setup()
 
     def close(self) -> None:
+        """Stop the rollout source and the reward workers (the end of ``run``, or a driver's)."""
         self.source.close()
         if self.scorer is not None:
             self.scorer.close()
@@ -199,9 +200,7 @@ class Trainer:
                 writer.write(self.state.step, {f"eval/{k}": v for k, v in final_eval.metrics.items()})
         finally:
             writer.close()
-            self.source.close()
-            if self.scorer is not None:
-                self.scorer.close()
+            self.close()
         self.policy.save(self.run_dir / "final_model")
         if r.model.lora is not None and r.model.save_merged:
             from reasonrl.policy.lora import save_merged
