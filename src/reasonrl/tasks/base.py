@@ -34,6 +34,24 @@ def in_eval_split(text: str, eval_fraction: float) -> bool:
     return int.from_bytes(digest[:4], "big") / 2**32 < eval_fraction
 
 
+MAX_DRAWS_PER_PROBLEM = 10_000
+
+
+def split_draws(draw, count: int, held_out: bool, eval_fraction: float, task: str, hint: str) -> list[Problem]:
+    """``count`` problems of one split from a generator of random problems: ``draw()`` until
+    ``count`` of them fall on the ``held_out`` side of :func:`in_eval_split` (at most
+    ``MAX_DRAWS_PER_PROBLEM`` draws per problem; else a ValueError naming the task and ``hint``)."""
+    out: list[Problem] = []
+    for _ in range(max(1, count) * MAX_DRAWS_PER_PROBLEM):
+        if len(out) == count:
+            return out
+        p = draw()
+        if in_eval_split(p.prompt, eval_fraction) == held_out:
+            out.append(p)
+    raise ValueError(f"task '{task}' found only {len(out)} of {count} {'eval' if held_out else 'train'} problems; "
+                     f"{hint}")
+
+
 def build_task(recipe):
     """The recipe's training task; a task that yields no problems is a recipe error."""
     from reasonrl.params import ConfigError

@@ -31,12 +31,11 @@ import re
 from dataclasses import dataclass
 
 from reasonrl.registry import TASKS
-from reasonrl.tasks.base import Problem, in_eval_split
+from reasonrl.tasks.base import Problem, split_draws
 
 LABEL_RE = re.compile(r"[1-9][0-9]*")
 LOW, HIGH = 10, 99  # labels are two-digit numbers
 # Rejection sampling for the eval split stops after this many draws per wanted problem.
-MAX_DRAWS_PER_PROBLEM = 10_000
 
 
 def parse_label(completion: str) -> str | None:
@@ -96,17 +95,8 @@ class MultiLabelTask:
         )
 
     def _stream(self, rng: random.Random, count: int, split: str) -> list[Problem]:
-        out = []
-        for _ in range(count * MAX_DRAWS_PER_PROBLEM):
-            if len(out) == count:
-                return out
-            p = self._draw(rng)
-            if in_eval_split(p.prompt, self.eval_fraction) == (split == "eval"):
-                out.append(p)
-        if len(out) < count:
-            raise ValueError(f"task 'multilabel' found only {len(out)} of {count} {split} problems; "
-                             "raise eval_fraction")
-        return out
+        return split_draws(lambda: self._draw(rng), count, split == "eval", self.eval_fraction,
+                           "multilabel", "raise eval_fraction")
 
     def train_problems(self, step: int, count: int, seed: int) -> list[Problem]:
         return self._stream(random.Random(f"{seed}:{step}"), count, "train")

@@ -34,12 +34,11 @@ from typing import Annotated, Literal
 
 from reasonrl.params import Range
 from reasonrl.registry import TASKS
-from reasonrl.tasks.base import Problem, in_eval_split
+from reasonrl.tasks.base import Problem, split_draws
 
 __all__ = ["NextVisitTask", "label_space", "CHAR_BASE"]
 
 CHAR_BASE = 0x100  # first character of the char-style SID alphabet
-MAX_DRAWS_PER_PROBLEM = 10_000
 
 
 @functools.lru_cache(maxsize=8)
@@ -194,15 +193,8 @@ class NextVisitTask:
                              "num_labels": len(labels)})
 
     def _stream(self, rng: random.Random, count: int, split: str) -> list[Problem]:
-        out = []
-        for _ in range(max(1, count) * MAX_DRAWS_PER_PROBLEM):
-            if len(out) == count:
-                return out
-            p = self._draw(rng)
-            if in_eval_split(p.prompt, self.eval_fraction) == (split == "eval"):
-                out.append(p)
-        raise ValueError(f"task 'next_visit' found only {len(out)} of {count} {split} problems; "
-                         "raise eval_fraction or widen prefixes")
+        return split_draws(lambda: self._draw(rng), count, split == "eval", self.eval_fraction,
+                           "next_visit", "raise eval_fraction or widen prefixes")
 
     def train_problems(self, step: int, count: int, seed: int) -> list[Problem]:
         return self._stream(random.Random(f"{seed}:{step}"), count, "train")
