@@ -12,7 +12,7 @@
   regret yet (its group was dropped before the method ran) takes that same mean regret.
 
 Each round draws ``pool`` × count candidates from the task's stream and keeps ``count`` of them
-without replacement with probability ∝ w (``Learnability``'s draw, reused). A dropped candidate
+without replacement with probability ∝ w (``rollout.samplers.weighted_choice``). A dropped candidate
 keeps the weight ``DROPPED`` (1e-12), so it is chosen only when fewer than ``count`` candidates
 survive: a step always gets its prompts.
 
@@ -35,7 +35,7 @@ import torch
 from reasonrl.algos.regret import curriculum_weight, success_rate
 from reasonrl.params import Range
 from reasonrl.registry import PROMPT_SAMPLERS
-from reasonrl.rollout.samplers import Learnability, PromptSampler
+from reasonrl.rollout.samplers import Learnability, PromptSampler, weighted_choice
 from reasonrl.tasks.base import Problem
 
 __all__ = ["RegretCurriculum", "DROPPED"]
@@ -82,18 +82,13 @@ class RegretCurriculum(Learnability):
         regret = torch.tensor([self.regrets.get(x.prompt, default) for x in problems], dtype=torch.float64)
         return curriculum_weight(regret, p, self.floor)
 
-    def weight(self, problem: Problem) -> float:
-        """Learnability's per-candidate weight, here w(x) (``DROPPED`` instead of 0)."""
-        return max(float(self.weights([problem])[0]), DROPPED)
-
     def problems(self, step: int, count: int, round: int = 0) -> list[Problem]:
         if step >= 1 and self.success and not self.reported:
             raise ValueError("sampler 'regret_curriculum' has received no regrets: it needs the method that "
                              "measures them; add `methods: [{name: hindsight_regret}]` to the recipe")
-        chosen = super().problems(step, count, round)
-        # The same candidates Learnability drew (the task's stream is a pure function of its arguments).
         candidates = PromptSampler.problems(self, step, count * self.pool, round)
         w = self.weights(candidates)
+        chosen = weighted_choice(candidates, w.clamp_min(DROPPED), count, self.generator)
         s = self.step_stats
         s["candidates"] += len(candidates)
         s["dropped"] += int(sum(1 for x in candidates if self.success.get(x.prompt) in (0.0, 1.0)))

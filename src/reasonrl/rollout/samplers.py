@@ -26,7 +26,7 @@ from reasonrl.params import Range
 from reasonrl.registry import PROMPT_SAMPLERS
 from reasonrl.tasks.base import Problem
 
-__all__ = ["PromptSampler", "TaskStream", "Learnability", "build_sampler"]
+__all__ = ["PromptSampler", "TaskStream", "Learnability", "build_sampler", "weighted_choice"]
 
 # Round r of a step draws a prompt stream of its own (dynamic sampling's top-up rounds).
 ROUND_SEED_STRIDE = 7919
@@ -66,6 +66,16 @@ def build_sampler(recipe: Any, task: Any) -> PromptSampler:
     return inject(PROMPT_SAMPLERS.get(recipe.sampler.name), (), pipeline, recipe.sampler.params)
 
 
+def weighted_choice(candidates: list[Problem], weights: torch.Tensor, count: int,
+                    generator: torch.Generator) -> list[Problem]:
+    """``count`` of the candidates without replacement, with probability ∝ ``weights``, in the
+    stream's order (all of them when there are no more than ``count``: no draw is made)."""
+    if len(candidates) <= count:
+        return candidates
+    chosen = torch.multinomial(weights, count, replacement=False, generator=generator)
+    return [candidates[i] for i in sorted(chosen.tolist())]
+
+
 @PROMPT_SAMPLERS.register("stream")
 class TaskStream(PromptSampler):
     """The task's own seeded stream (``Task.train_problems(step, count, seed)``): a pure
@@ -99,11 +109,8 @@ class Learnability(PromptSampler):
 
     def problems(self, step: int, count: int, round: int = 0) -> list[Problem]:
         candidates = super().problems(step, count * self.pool, round)
-        if len(candidates) <= count:
-            return candidates
         weights = torch.tensor([self.weight(p) for p in candidates], dtype=torch.float64)
-        chosen = torch.multinomial(weights, count, replacement=False, generator=self.generator)
-        return [candidates[i] for i in sorted(chosen.tolist())]
+        return weighted_choice(candidates, weights, count, self.generator)
 
     def observe(self, problems: list[Problem], rewards: list[list[float]], step: int) -> None:
         for problem, values in zip(problems, rewards):

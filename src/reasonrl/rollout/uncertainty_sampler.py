@@ -30,7 +30,7 @@ import torch
 
 from reasonrl.params import Range
 from reasonrl.registry import PROMPT_SAMPLERS
-from reasonrl.rollout.samplers import PromptSampler
+from reasonrl.rollout.samplers import PromptSampler, weighted_choice
 from reasonrl.tasks.base import Problem
 
 __all__ = ["UncertaintySampler", "group_reward_std"]
@@ -69,13 +69,10 @@ class UncertaintySampler(PromptSampler):
 
     def problems(self, step: int, count: int, round: int = 0) -> list[Problem]:
         candidates = super().problems(step, count * self.pool, round)
-        if len(candidates) <= count:
-            return candidates
         weights = torch.tensor([self.weight(p) for p in candidates], dtype=torch.float64)
         if int((weights > 0).sum()) < count:
             weights[weights == 0] = self.floor
-        chosen = torch.multinomial(weights, count, replacement=False, generator=self.generator)
-        return [candidates[i] for i in sorted(chosen.tolist())]
+        return weighted_choice(candidates, weights, count, self.generator)
 
     def observe(self, problems: list[Problem], rewards: list[list[float]], step: int) -> None:
         if not problems:
