@@ -121,16 +121,17 @@ def assign_codes(z: np.ndarray, codebooks: Sequence[np.ndarray]) -> tuple[np.nda
 def residual_quantise(z: np.ndarray, levels: int, codes: int, seed: int = 0,
                       iters: int = 100) -> tuple[np.ndarray, list[np.ndarray]]:
     """RQ-kmeans: codebook C^l is k-means (K = ``codes``) on the level-l residuals r^{l−1};
-    then every label is assigned by :func:`assign_codes`. Returns (codes n×L, codebooks)."""
+    each level assigns by :func:`assign_codes` as it is fit. Returns (codes n×L, codebooks)."""
     if levels < 1 or codes < 1:
         raise ValueError(f"residual_quantise: levels and codes must be >= 1, got {levels}, {codes}")
     r = np.asarray(z, dtype=float)
-    books = []
+    books, levels_codes = [], []
     for level in range(levels):
         book = kmeans(r, codes, seed=seed + level, iters=iters)
+        c, r = assign_codes(r, [book])  # this level's codes and the residual the next level fits
         books.append(book)
-        r = r - book[((r[:, None, :] - book[None]) ** 2).sum(-1).argmin(1)]
-    return assign_codes(z, books)[0], books
+        levels_codes.append(c[:, 0])
+    return np.stack(levels_codes, 1), books
 
 
 def collision_rate(codes: np.ndarray) -> float:

@@ -87,7 +87,6 @@ def constrained_beam_search(model: Any, prompt_ids: torch.Tensor, trie: Trie,
         for row, (path, score) in enumerate(live):
             for t in trie.allowed(path):  # the mask: only the trie's continuations are candidates
                 candidates.append((path + (t,), score + float(logp[row, t])))
-        candidates.sort(key=lambda c: -c[1])
         pool = sorted(done + candidates, key=lambda c: -c[1])[:beam_size]
         done = [c for c in pool if not trie.allowed(c[0])]
         live = [c for c in pool if trie.allowed(c[0])]
