@@ -5,9 +5,10 @@
   and shuts down). One Ray actor gets every core, so clients train one after another with all
   the cores torch can use, and each client's Trainer stays built between rounds.
 - ``server_app`` / ``client_app`` (module level): the same apps for Flower's deployment runtime
-  (``flower-superlink``, ``flower-supernode`` and ``flwr run``, wrapped by ``reasonrl fed-server``
-  and ``reasonrl fed-client``); they read the recipe (as JSON) and the output folder from the
-  run config, and the client id from the node config (``partition-id``, Flower's convention).
+  (``flower-superlink``, ``flower-supernode`` and ``flwr run``; not yet wrapped by ``reasonrl``
+  commands nor tested as processes: docs/methods/fed_grpo.md, "Not done"); they read the recipe
+  (as JSON) and the output folder from the run config, and the client id from the node config
+  (``partition-id``, Flower's convention).
 
 The server's output folder holds ``recipe.json``, ``metrics.jsonl`` (one row per round: the
 global model's held-out accuracy, S_c, w_c, R̄, bytes; ``reasonrl report`` reads it),

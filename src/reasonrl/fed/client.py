@@ -28,7 +28,6 @@ from torch import Tensor
 from reasonrl.config import ConfigError, Recipe, recipe_from_dict
 from reasonrl.fed.codec import Layout, SparseUpdate, encode
 from reasonrl.fed.method import METHOD, FedGRPOClient
-from reasonrl.train import checkpoint as ckpt
 
 __all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "STATE_FILE"]
 
@@ -105,7 +104,6 @@ class FedClient:
         self.method = next(m for name, m in self.trainer.methods if name == METHOD)
         self.layout = Layout.of(self.trainer.policy.weights())
         self.residual: dict[str, Tensor] = {}
-        self.step = 0
         if (self.state_dir / STATE_FILE).is_file():
             self._load()
 
@@ -115,9 +113,8 @@ class FedClient:
         self.method.begin_round(global_reward)
         metrics = []
         for _ in range(fed["local_steps"]):
-            metrics.append(t.train_step(self.step))
-            self.step += 1
-            t.state.step = self.step
+            metrics.append(t.train_step(t.state.step))
+            t.state.step += 1
         local = t.policy.weights()
         delta = {n: local[n].float() - global_weights[n].float() for n in self.layout.names}
         update = encode(delta, self.layout, fed["kappa"], self.residual, fed["error_feedback"])
@@ -127,26 +124,16 @@ class FedClient:
         return RoundResult(update, report, metrics)
 
     def _save(self) -> None:
-        t = self.trainer
-        state = {"step": self.step, "residual": self.residual, **t.learner.state_dict(),
-                 "rng": ckpt.rng_state(t.generator), "source": t.source.state_dict(),
-                 "policy_version": t.state.policy_version,
-                 "methods": {name: m.state_dict() for name, m in t.methods}}
+        state = {"residual": self.residual, **self.trainer.state_dict()}  # the Trainer's checkpoint state
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_dir / (STATE_FILE + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.state_dir / STATE_FILE)  # a client killed mid-write keeps its last state
 
     def _load(self) -> None:
-        t = self.trainer
         state = torch.load(self.state_dir / STATE_FILE, weights_only=False)
-        self.step, self.residual = state["step"], state["residual"]
-        t.learner.load_state_dict(state)
-        ckpt.restore_rng(state["rng"], t.generator)
-        t.source.load_state_dict(state["source"])
-        t.state.step, t.state.policy_version = self.step, state["policy_version"]
-        for name, m in t.methods:
-            m.load_state_dict(state["methods"].get(name, {}))
+        self.residual = state["residual"]
+        self.trainer.load_state_dict(state)
 
     def close(self) -> None:
         self.trainer.close()

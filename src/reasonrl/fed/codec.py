@@ -66,8 +66,9 @@ def encode(delta: dict[str, Tensor], layout: Layout, kappa: float, residual: dic
         return SparseUpdate(torch.zeros(0, dtype=index_dtype), values,
                             {n: torch.zeros_like(f) for n, f in zip(layout.names, flat)}, budgets)
     idx_parts, val_parts, new_residual, offset = [], [], {}, 0
-    for name, f, k, size in zip(layout.names, flat, budgets, layout.sizes):
-        idx, val, res = topk_error_feedback(f, residual.get(name), k, error_feedback)
+    for name, u, k, size in zip(layout.names, compensated, budgets, layout.sizes):
+        # u already holds e + Δ: top-k of it, and (with error feedback) what is left over as e
+        idx, val, res = topk_error_feedback(u, None, k, error_feedback)
         idx_parts.append(idx + offset)
         val_parts.append(val)
         new_residual[name] = res

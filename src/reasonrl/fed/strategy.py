@@ -28,7 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from reasonrl.algos.federated import aggregation_weights, update_reward_ema
+from reasonrl.algos.federated import aggregation_weights, payload_bytes, update_reward_ema
 from reasonrl.fed.codec import Layout, decode
 
 __all__ = ["FedGRPOStrategy", "REPORT_KEYS", "check_reply"]
@@ -69,7 +69,7 @@ class FedGRPOStrategy(FedAvg):
         if self.fed["beta"] > 0 and self.global_reward is not None:
             config["global-reward"] = float(self.global_reward)
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        dense = sum(int(torch.Size(s).numel()) * 4 for s in self.layout.shapes)  # float32 trainable weights
+        dense = self.layout.dim * 4  # float32 trainable weights
         self._down[server_round] = (len(messages), dense)
         return messages
 
@@ -84,7 +84,7 @@ class FedGRPOStrategy(FedAvg):
         sent, dense = self._down.get(server_round, (0, 0))
         out: dict[str, float] = {"clients/ok": len(valid), "clients/failed": len(replies) - len(valid),
                                  "bytes/down": sent * dense}
-        if len(valid) < self.fed["min_clients"] or not valid:
+        if len(valid) < self.fed["min_clients"]:  # min_clients >= 1
             out["aggregated"] = 0
             self.round_metrics[server_round] = out
             return None, MetricRecord(out)
@@ -101,7 +101,7 @@ class FedGRPOStrategy(FedAvg):
             indices, values = torch.from_numpy(upd["indices"].numpy()), torch.from_numpy(upd["values"].numpy())
             for n, d in decode(indices, values, self.layout).items():
                 step[n] += w * d
-            nbytes = indices.numel() * indices.element_size() + values.numel() * values.element_size()
+            nbytes = payload_bytes(indices, values)
             if int(report["payload-bytes"]) != nbytes:  # the client's own count must match what arrived
                 raise ValueError(f"client {int(report['client-id'])} reported {int(report['payload-bytes'])} "
                                  f"payload bytes, sent {nbytes}")

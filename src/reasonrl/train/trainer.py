@@ -125,7 +125,8 @@ class Trainer:
         if self.scorer is not None:
             self.scorer.close()
 
-    def _state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the weights that an exact resume needs (a checkpoint's ``state.pt``)."""
         return {
             **self.learner.state_dict(),  # optimizer, scheduler
             "rng": ckpt.rng_state(self.generator),
@@ -136,7 +137,11 @@ class Trainer:
         }
 
     def _restore(self) -> None:
-        saved = ckpt.load_latest(self.run_dir, self.policy)
+        self.load_state_dict(ckpt.load_latest(self.run_dir, self.policy))
+        self.log(f"resumed {self.run_dir} at step {self.state.step}")
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """The inverse of :meth:`state_dict` (the weights are the caller's)."""
         self.learner.load_state_dict(saved)
         ckpt.restore_rng(saved["rng"], self.generator)
         self.state = TrainState(**saved["train_state"])
@@ -148,7 +153,6 @@ class Trainer:
                               "it cannot restore the state of " + ", ".join(n for n, _ in self.methods))
         for name, method in self.methods:
             method.load_state_dict(states.get(name, {}))
-        self.log(f"resumed {self.run_dir} at step {self.state.step}")
 
     # -- the loop ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -192,7 +196,7 @@ class Trainer:
                 writer.write(self.state.step, metrics)
                 progress.update(metrics)
                 if self.state.step % r.train.checkpoint_every == 0 or self.state.step == r.train.steps:
-                    ckpt.save_checkpoint(self.run_dir, self.state.step, self.policy, self._state_dict(),
+                    ckpt.save_checkpoint(self.run_dir, self.state.step, self.policy, self.state_dict(),
                                          r.train.keep_checkpoints)
             progress.close()
             final_eval = self.evaluator(self.policy)
