@@ -1,7 +1,6 @@
 """TS-OPD: strata and gates on hand-built tables, the routed loss against a direct computation,
 screening, split invariance and exact resume."""
 
-import math
 from types import SimpleNamespace
 
 import pytest
