@@ -165,3 +165,14 @@ def scripted_samples(ids, mask, rows, tokenizer):
     return Samples(prompt_ids=ids, prompt_mask=mask, completion_ids=out, completion_mask=cmask,
                    sample_logprobs=-0.5 * cmask.float(), truncated=torch.zeros(len(rows), dtype=torch.bool),
                    texts=[tokenizer.decode(t, skip_special_tokens=True) for t in rows])
+
+
+def flower_replies(monkeypatch, contents):
+    """Flower ``Message``s carrying ``contents`` (RecordDicts) from nodes 1, 2, ..., as a
+    strategy's ``aggregate_train`` receives them; outside a run Flower needs its task identity set."""
+    from flwr.app import Message
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+    return [Message(c, dst_node_id=i + 1, message_type="train") for i, c in enumerate(contents)]

@@ -15,7 +15,7 @@ from reasonrl.config import load_recipe
 from reasonrl.fed.codec import Layout, decode, encode
 from reasonrl.tasks.base import Problem
 
-from helpers import MINI_TINY
+from helpers import MINI_TINY, flower_replies
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,32 +129,28 @@ def test_client_method_weights_each_prompt_by_its_gap():
 
 def test_fedavg_settings_are_flowers_fedavg(monkeypatch):
     pytest.importorskip("flwr")
-    from flwr.supercore.task_identity import TaskIdentity
-    from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+    from reasonrl.fed.apps import reply_content
+    from reasonrl.fed.client import RoundResult
     from reasonrl.fed.strategy import FedGRPOStrategy
 
     g = {"w": torch.tensor([1.0, 2.0, 3.0])}
     locals_ = [torch.tensor([2.0, 2.0, 0.0]), torch.tensor([1.0, 5.0, 3.0])]
     counts = [3.0, 1.0]
     layout = Layout.of(g)
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # a Message outside a run needs these
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
     fed = dict(min_clients=1, alpha=0.0, beta=0.0, server_lr=1.0, reward_momentum=0.9)
     strat = FedGRPOStrategy(layout, fed)
     strat.current = ArrayRecord(g)
-    replies, plain = [], []
+    contents, plain = [], []
     for cid, (theta, n) in enumerate(zip(locals_, counts)):
         up = encode({"w": theta - g["w"]}, layout, kappa=1)
-        content = RecordDict({"update": ArrayRecord({"indices": Array(up.indices.numpy()),
-                                                     "values": Array(up.values.numpy())}),
-                              "metrics": MetricRecord({"signal": 0.3 * cid, "num-examples": n, "reward-mean": 0.5,
-                                                       "payload-bytes": up.nbytes, "client-id": cid})})
-        replies.append(Message(content, dst_node_id=cid + 1, message_type="train"))
+        contents.append(reply_content(RoundResult(up, {"signal": 0.3 * cid, "num-examples": n, "reward-mean": 0.5},
+                                                  []), cid))
         plain.append(RecordDict({"arrays": ArrayRecord({"w": theta}),
                                  "metrics": MetricRecord({"num-examples": n})}))
+    replies = flower_replies(monkeypatch, contents)
     arrays, metrics = strat.aggregate_train(1, replies)
     ours = arrays.to_torch_state_dict()["w"]
     flowers = aggregate_arrayrecords(plain, "num-examples").to_torch_state_dict()["w"]

@@ -1,4 +1,4 @@
-"""``reasonrl`` command line: train, eval, report, quickstart, sandbox, expdis, fuse, fed-sim.
+"""``reasonrl`` command line: train, eval, report, quickstart, sandbox, expdis, fuse, fed-sim, fed-server, fed-client.
 
 Exit codes: 0 success, 2 bad input (recipe, arguments, data), 1 anything else.
 """
@@ -188,6 +188,48 @@ def cmd_fed_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tls(args: argparse.Namespace):
+    from reasonrl.fed.deploy import TLS
+
+    files = (args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certfile)
+    if args.insecure:
+        if any(files):
+            raise ConfigError("--insecure and --ssl-* files exclude each other")
+        return None
+    if not all(files):
+        raise ConfigError("fed-server needs --insecure (plain HTTP: one machine or a trusted network) or all of "
+                          "--ssl-certfile, --ssl-keyfile and --ssl-ca-certfile (TLS)")
+    for f in files:
+        if not Path(f).is_file():
+            raise ConfigError(f"TLS file {f} does not exist")
+    return TLS(*files)
+
+
+def cmd_fed_server(args: argparse.Namespace) -> int:
+    """Fed-GRPO / FedAvg with real Flower processes: the SuperLink and the run; see docs/methods/fed_grpo.md."""
+    from reasonrl.fed.client import load_fed_recipe
+    from reasonrl.fed.deploy import serve
+
+    recipe = load_fed_recipe(args.recipe, args.set)
+    summary = serve(recipe, args.output, host=args.host, port=args.port, tls=_tls(args))
+    print(json.dumps({k: summary[k] for k in ("run_dir", "rounds", "base_accuracy", "final_accuracy")}))
+    return 0
+
+
+def cmd_fed_client(args: argparse.Namespace) -> int:
+    """One Fed-GRPO client as a Flower SuperNode; serves until stopped."""
+    from reasonrl.fed.deploy import join
+
+    if args.insecure == bool(args.root_certificates):
+        raise ConfigError("fed-client needs exactly one of --insecure (plain HTTP) and --root-certificates PEM (TLS)")
+    state_dir = args.state_dir or f"fed_client_{args.client}"
+    try:
+        return join(args.client, args.superlink, state_dir, port=args.port, root_certificates=args.root_certificates)
+    except KeyboardInterrupt:  # the way a client is stopped; its state folder keeps the last round
+        print(f"reasonrl: client {args.client} stopped", file=sys.stderr)
+        return 0
+
+
 def cmd_fuse(args: argparse.Namespace) -> int:
     """SURGE: fuse two checkpoints of one run; see docs/methods/surge.md."""
     from reasonrl.fuse import FuseSettings, fuse
@@ -273,6 +315,30 @@ def build_parser() -> argparse.ArgumentParser:
                       help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
     fsim.set_defaults(func=cmd_fed_sim)
 
+    fsrv = sub.add_parser("fed-server", help="Fed-GRPO/FedAvg with real Flower processes: start a SuperLink and run "
+                                             "the federation on the clients that join (reasonrl fed-client)")
+    fsrv.add_argument("recipe", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
+    fsrv.add_argument("-o", "--output", required=True, help="the server's output folder")
+    fsrv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
+    fsrv.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on (0.0.0.0: every interface)")
+    fsrv.add_argument("--port", type=int, default=9092, help="the SuperLink's port (clients connect to it)")
+    fsrv.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (one machine or a trusted network)")
+    fsrv.add_argument("--ssl-certfile", help="TLS: the SuperLink's certificate (PEM)")
+    fsrv.add_argument("--ssl-keyfile", help="TLS: the SuperLink's private key (PEM)")
+    fsrv.add_argument("--ssl-ca-certfile", help="TLS: the CA certificate that signed it (PEM)")
+    fsrv.set_defaults(func=cmd_fed_server)
+
+    fcli = sub.add_parser("fed-client", help="one Fed-GRPO client: a Flower SuperNode that trains on its own prompts "
+                                             "for the server at --superlink (until stopped)")
+    fcli.add_argument("--client", type=int, required=True, help="this client's index, 0 .. clients-1 (its data split)")
+    fcli.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the fed-server's address")
+    fcli.add_argument("--state-dir", help="this client's own folder (optimiser state, residual; default fed_client_C)")
+    fcli.add_argument("--port", type=int, help="the SuperNode's local API port (default 9094 + client index)")
+    fcli.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (the server runs --insecure)")
+    fcli.add_argument("--root-certificates", metavar="PEM", help="TLS: the CA certificate to verify the server with")
+    fcli.set_defaults(func=cmd_fed_client)
+
     fz = sub.add_parser("fuse", help="SURGE: fuse an anchor and a donor checkpoint of one run into an HF folder")
     fz.add_argument("anchor", metavar="ANCHOR", help="a run folder, checkpoint folder, model folder or alias")
     fz.add_argument("donor", metavar="DONOR", help="the checkpoint whose complementary update is added")
@@ -300,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("reasonrl: interrupted; resume with `reasonrl train --resume RUN_DIR`", file=sys.stderr)
+        hint = {"train": "; resume with `reasonrl train --resume RUN_DIR`",
+                "expdis": "; resume with `reasonrl expdis --resume -o OUT`"}.get(args.command, "")
+        print(f"reasonrl: interrupted{hint}", file=sys.stderr)
         return 130
 
 

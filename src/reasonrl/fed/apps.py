@@ -5,10 +5,9 @@
   and shuts down). One Ray actor gets every core, so clients train one after another with all
   the cores torch can use, and each client's Trainer stays built between rounds.
 - ``server_app`` / ``client_app`` (module level): the same apps for Flower's deployment runtime
-  (``flower-superlink``, ``flower-supernode`` and ``flwr run``; not yet wrapped by ``reasonrl``
-  commands nor tested as processes: docs/methods/fed_grpo.md, "Not done"); they read the recipe
-  (as JSON) and the output folder from the run config, and the client id from the node config
-  (``partition-id``, Flower's convention).
+  (``reasonrl fed-server`` / ``fed-client``, ``reasonrl.fed.deploy``): they read the recipe (as
+  JSON) and the output folder from the run config, and the client's index and state folder from
+  its node config (``partition-id``, Flower's convention, and ``state-dir``).
 
 The server's output folder holds ``recipe.json``, ``metrics.jsonl`` (one row per round: the
 global model's held-out accuracy, S_c, w_c, R̄, bytes; ``reasonrl report`` reads it),
@@ -30,12 +29,12 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from reasonrl.config import Recipe, recipe_from_dict  # noqa: E402
-from reasonrl.fed.client import FedClient, STATE_FILE, fed_settings  # noqa: E402
+from reasonrl.fed.client import FedClient, RoundResult, STATE_FILE, fed_settings  # noqa: E402
 from reasonrl.fed.codec import Layout  # noqa: E402
 from reasonrl.fed.strategy import FedGRPOStrategy  # noqa: E402
 from reasonrl.fsutil import atomic_write_text  # noqa: E402
 
-__all__ = ["simulate", "run_server", "client_train", "make_server_app", "make_client_app", "server_app", "client_app"]
+__all__ = ["simulate", "run_server", "client_train", "reply_content", "make_server_app", "make_client_app", "server_app", "client_app"]
 
 RECIPE_KEY, OUT_KEY = "recipe-json", "out"
 
@@ -116,12 +115,17 @@ def client_train(msg: Message, context: Context, recipe_dict: dict, out: str | P
     # An exception leaves the entry out of the cache: the next round rebuilds from the last saved state.
     result = client.train_round(msg.content["arrays"].to_torch_state_dict(), rbar)
     _CLIENTS[key] = (client, state_file.stat().st_mtime_ns)
+    return Message(reply_content(result, cid), reply_to=msg)
+
+
+def reply_content(result: RoundResult, cid: int) -> RecordDict:
+    """What a client sends back (the only shape ``strategy.check_reply`` accepts): the sparse
+    update's ``indices`` and ``values``, and the round's scalars."""
     upd = result.update
-    reply = RecordDict({
+    return RecordDict({
         "update": ArrayRecord({"indices": Array(upd.indices.numpy()), "values": Array(upd.values.numpy())}),
         "metrics": MetricRecord({**result.report, "payload-bytes": upd.nbytes, "client-id": cid}),
     })
-    return Message(reply, reply_to=msg)
 
 
 def make_server_app(recipe_dict: dict, out: str | Path, on_reply: Callable[[Message], None] | None = None) -> ServerApp:
@@ -184,4 +188,6 @@ client_app = ClientApp()
 @client_app.train()
 def _deployed_client(msg: Message, context: Context) -> Message:
     raw = json.loads(str(context.run_config[RECIPE_KEY]))
-    return client_train(msg, context, raw, str(context.node_config.get("state-dir") or "fed_client"))
+    if "state-dir" not in context.node_config:  # fed-client always sets it; a bare flower-supernode may not
+        raise ValueError("a deployed Fed-GRPO client needs its node config's state-dir (reasonrl fed-client sets it)")
+    return client_train(msg, context, raw, str(context.node_config["state-dir"]))

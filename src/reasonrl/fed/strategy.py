@@ -4,7 +4,8 @@ A subclass of Flower's message-API ``FedAvg`` (``flwr.serverapp.strategy``), so 
 ``min_available_nodes``/``min_train_nodes`` and the handling of failed replies (a reply that
 carries an error, or none before the round's timeout, is left out) are Flower's own. Per round:
 
-1. ``configure_train``: FedAvg's messages (the global trainable weights and the config), plus
+1. ``configure_train``: round 1 waits until all ``clients`` are connected, later rounds need
+   ``min_clients``; FedAvg's messages (the global trainable weights and the config), plus
    ``global-reward`` = R̄ once known and calibration is on (β > 0);
 2. ``aggregate_train``: each valid reply is checked against the one schema a client may send
    (``update``: int ``indices`` and float32 ``values``; ``metrics``: the scalars in
@@ -66,6 +67,10 @@ class FedGRPOStrategy(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self.current = arrays
+        # Round 1 waits for every client (real processes may join late: a round that started with
+        # fewer would train on a partial federation); later rounds go on with >= min_clients, so
+        # a client that died does not stall the server (Flower's sample_nodes waits for this many).
+        self.min_available_nodes = self.fed["clients"] if server_round == 1 else self.fed["min_clients"]
         if self.fed["beta"] > 0 and self.global_reward is not None:
             config["global-reward"] = float(self.global_reward)
         messages = list(super().configure_train(server_round, arrays, config, grid))
@@ -81,6 +86,10 @@ class FedGRPOStrategy(FedAvg):
         valid = [m for m in replies if not m.has_error()]
         for m in valid:
             check_reply(m.content)
+        ids = [int(m.content["metrics"]["client-id"]) for m in valid]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"two nodes replied as the same client ({sorted(ids)}): start each fed-client with "
+                             f"its own --client index")
         sent, dense = self._down.get(server_round, (0, 0))
         out: dict[str, float] = {"clients/ok": len(valid), "clients/failed": len(replies) - len(valid),
                                  "bytes/down": sent * dense}
