@@ -112,15 +112,38 @@ def test_app_project_carries_the_recipe_and_the_client_its_index(tmp_path):
     (["fed-server", "recipes/fed_grpo.yaml", "-o", "OUT", "--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem",
       "--ssl-ca-certfile", "ca.pem"], "TLS file c.pem does not exist"),
     (["fed-server", "recipes/grpo.yaml", "-o", "OUT", "--insecure"], "exactly one `fed_grpo` entry"),
+    (["fed-sim", "recipes/fed_grpo.yaml", "-o", "USED"], "is not empty; use --resume"),
+    (["fed-sim", "--resume", "-o", "OUT"], "is not a federation's output folder"),
+    (["fed-server", "recipes/fed_grpo.yaml", "--resume", "-o", "USED", "--insecure"], "give neither a RECIPE"),
+    (["fed-sim", "-o", "OUT"], "needs a RECIPE.yaml"),
 ])
 def test_bad_arguments_exit_2_before_anything_starts(args, message, tmp_path, capsys, monkeypatch):
     from reasonrl.cli import main
 
     monkeypatch.chdir(ROOT)
-    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "metrics.jsonl").write_text("")
+    args = [{"OUT": str(tmp_path / "out"), "USED": str(tmp_path / "used")}.get(a, a) for a in args]
     assert main(args) == 2
     assert message in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "used").iterdir()] == ["metrics.jsonl"]
+
+
+def test_fed_client_restarts_its_supernode_and_gives_up_on_quick_exits(tmp_path, monkeypatch):
+    """A SuperNode that exits after serving a while (its SuperLink restarted and forgot it) is
+    started again; three exits within RESTART_MIN_UPTIME_S of starting end fed-client with the code."""
+    from reasonrl.fed import deploy
+
+    runs = tmp_path / "runs"
+    script = (f"import pathlib, sys, time; p = pathlib.Path({str(runs)!r}); n = len(p.read_text()) if p.exists() "
+              f"else 0; p.write_text('x' * (n + 1)); time.sleep(1.0 if n == 0 else 0); sys.exit(0 if n == 0 else 3)")
+    monkeypatch.setattr(deploy, "supernode_command", lambda *a, **k: [sys.executable, "-c", script])
+    monkeypatch.setattr(deploy, "RESTART_MIN_UPTIME_S", 0.5)
+    monkeypatch.setattr(deploy, "RESTART_DELAY_S", 0.0)
+    logs = []
+    assert deploy.join(0, "127.0.0.1:1", tmp_path / "c0", log=logs.append) == 3
+    assert len(runs.read_text()) == 4  # the long run, then three quick failures
+    assert "exited (code 0); starting it again" in logs[0] and "giving up" in logs[-1] and len(logs) == 4
 
 
 @pytest.mark.slow

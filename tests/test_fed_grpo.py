@@ -127,6 +127,21 @@ def test_client_method_weights_each_prompt_by_its_gap():
     assert report["signal"] == pytest.approx(math.sqrt(1 / 3) / 2)  # std of [1,1,0] = sqrt(1/3); group 7: 0
 
 
+def test_a_client_state_of_another_federation_is_refused(tmp_path):
+    from reasonrl.config import recipe_from_dict
+    from reasonrl.fed.client import FedClient
+
+    recipe = _fed_recipe(ROOT / "recipes" / "fed_grpo.yaml", tmp_path)
+    client = FedClient(recipe, 0, tmp_path / "c0")
+    client.train_round(client.trainer.policy.weights(), None, 1)
+    again = FedClient(recipe, 0, tmp_path / "c0", before_round=2)  # the same federation continues
+    assert again.round == 1 and again.trainer.state.step == 1
+    other = recipe.to_dict()
+    other["optim"]["lr"] = 1e-3
+    with pytest.raises(ValueError, match="holds another federation's client state"):
+        FedClient(recipe_from_dict(other, "other"), 0, tmp_path / "c0")
+
+
 def test_fedavg_settings_are_flowers_fedavg(monkeypatch):
     pytest.importorskip("flwr")
     from flwr.app import ArrayRecord, MetricRecord, RecordDict
@@ -185,10 +200,14 @@ def no_ray_left():
     assert not alive, "the simulation left Ray running"
 
 
-def test_flower_simulation_three_clients_two_rounds(tmp_path, no_ray_left):
+def test_flower_simulation_three_clients_two_rounds(tmp_path, no_ray_left, monkeypatch):
     """recipes/fed_grpo.yaml end to end; every reply the server receives is only tensors and
-    the allowed scalars (no prompt or completion text), and the logged bytes are exact."""
+    the allowed scalars (no prompt or completion text), and the logged bytes are exact; a crashed
+    run resumes to the same numbers."""
     pytest.importorskip("flwr")
+    from safetensors.torch import load_file
+
+    from reasonrl.cli import main
     from reasonrl.fed.apps import simulate
     from reasonrl.fed.strategy import REPORT_KEYS
 
@@ -219,6 +238,32 @@ def test_flower_simulation_three_clients_two_rounds(tmp_path, no_ray_left):
     assert any(by_round[r][f"fed/signal/c{c}"] > 0 for r in (1, 2) for c in range(3))  # the weights saw signal
     assert by_round[2]["fed/global_reward"] is not None
     assert (tmp_path / "fed" / "final_model").is_dir()
+
+    # The same federation killed in round 2 after every client trained it (their states hold
+    # round 2), then `--resume`d: the server repeats round 2, each client from its round-1 state,
+    # and every logged number and the final weights equal the uninterrupted run's.
+    from reasonrl.fed.strategy import FedGRPOStrategy
+
+    crashed = tmp_path / "crashed"
+    original = FedGRPOStrategy.aggregate_train
+
+    def crash_in_round_2(self, server_round, replies):
+        if server_round + self.round_offset == 2:
+            raise RuntimeError("simulated server crash")
+        return original(self, server_round, replies)
+
+    monkeypatch.setattr(FedGRPOStrategy, "aggregate_train", crash_in_round_2)
+    with pytest.raises(RuntimeError, match="simulated server crash"):
+        simulate(recipe, crashed)
+    monkeypatch.setattr(FedGRPOStrategy, "aggregate_train", original)
+    states = [torch.load(crashed / "clients" / f"client_{c}" / name, weights_only=False)["round"]
+              for c in range(3) for name in ("client_state.pt", "client_state.prev.pt")]
+    assert states == [2, 1] * 3 and not (crashed / "summary.json").exists()
+    assert main(["fed-sim", "--resume", "-o", str(crashed)]) == 0
+    assert (crashed / "metrics.jsonl").read_text() == (tmp_path / "fed" / "metrics.jsonl").read_text()
+    assert json.loads((crashed / "summary.json").read_text())["accuracy_by_round"] == summary["accuracy_by_round"]
+    resumed, straight = (load_file(str(d / "final_model" / "model.safetensors")) for d in (crashed, tmp_path / "fed"))
+    assert resumed.keys() == straight.keys() and all(torch.equal(resumed[k], straight[k]) for k in straight)
 
 
 def _mini_weights():

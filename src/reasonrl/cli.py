@@ -176,9 +176,9 @@ def cmd_expdis(args: argparse.Namespace) -> int:
 
 def cmd_fed_sim(args: argparse.Namespace) -> int:
     """Fed-GRPO / FedAvg in Flower's simulation runtime; see docs/methods/fed_grpo.md."""
-    from reasonrl.fed.client import load_fed_recipe
+    from reasonrl.fed.client import fed_run_recipe
 
-    recipe = load_fed_recipe(args.recipe, args.set)
+    recipe = fed_run_recipe(args.recipe, args.set, args.output, args.resume)
     try:
         from reasonrl.fed.apps import simulate
     except ImportError as exc:
@@ -207,10 +207,10 @@ def _tls(args: argparse.Namespace):
 
 def cmd_fed_server(args: argparse.Namespace) -> int:
     """Fed-GRPO / FedAvg with real Flower processes: the SuperLink and the run; see docs/methods/fed_grpo.md."""
-    from reasonrl.fed.client import load_fed_recipe
+    from reasonrl.fed.client import fed_run_recipe
     from reasonrl.fed.deploy import serve
 
-    recipe = load_fed_recipe(args.recipe, args.set)
+    recipe = fed_run_recipe(args.recipe, args.set, args.output, args.resume)
     summary = serve(recipe, args.output, host=args.host, port=args.port, tls=_tls(args))
     print(json.dumps({k: summary[k] for k in ("run_dir", "rounds", "base_accuracy", "final_accuracy")}))
     return 0
@@ -309,7 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     exd.set_defaults(func=cmd_expdis)
 
     fsim = sub.add_parser("fed-sim", help="Fed-GRPO/FedAvg: a federation of the recipe's clients in Flower's simulation")
-    fsim.add_argument("recipe", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
+    fsim.add_argument("recipe", nargs="?", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
+    fsim.add_argument("--resume", action="store_true", help="continue the federation in --output after its last "
+                        "finished round (clients keep their own state)")
     fsim.add_argument("-o", "--output", required=True, help="the server's output folder (clients keep state under it)")
     fsim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
@@ -317,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     fsrv = sub.add_parser("fed-server", help="Fed-GRPO/FedAvg with real Flower processes: start a SuperLink and run "
                                              "the federation on the clients that join (reasonrl fed-client)")
-    fsrv.add_argument("recipe", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
+    fsrv.add_argument("recipe", nargs="?", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
+    fsrv.add_argument("--resume", action="store_true", help="continue the federation in --output after its last "
+                        "finished round (clients keep their own state)")
     fsrv.add_argument("-o", "--output", required=True, help="the server's output folder")
     fsrv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
@@ -367,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         hint = {"train": "; resume with `reasonrl train --resume RUN_DIR`",
-                "expdis": "; resume with `reasonrl expdis --resume -o OUT`"}.get(args.command, "")
+                "expdis": "; resume with `reasonrl expdis --resume -o OUT`",
+                "fed-sim": "; resume with `reasonrl fed-sim --resume -o OUT`",
+                "fed-server": "; resume with `reasonrl fed-server --resume -o OUT`"}.get(args.command, "")
         print(f"reasonrl: interrupted{hint}", file=sys.stderr)
         return 130
 

@@ -29,7 +29,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from reasonrl.config import Recipe, recipe_from_dict  # noqa: E402
-from reasonrl.fed.client import FedClient, RoundResult, STATE_FILE, fed_settings  # noqa: E402
+from reasonrl.fed.client import FedClient, RoundResult, STATE_FILE, fed_settings, recipe_fingerprint  # noqa: E402
 from reasonrl.fed.codec import Layout  # noqa: E402
 from reasonrl.fed.strategy import FedGRPOStrategy  # noqa: E402
 from reasonrl.fsutil import atomic_write_text  # noqa: E402
@@ -37,6 +37,7 @@ from reasonrl.fsutil import atomic_write_text  # noqa: E402
 __all__ = ["simulate", "run_server", "client_train", "reply_content", "make_server_app", "make_client_app", "server_app", "client_app"]
 
 RECIPE_KEY, OUT_KEY = "recipe-json", "out"
+SERVER_STATE = "server_state.pt"
 
 
 def _log(msg: str) -> None:
@@ -46,7 +47,15 @@ def _log(msg: str) -> None:
 def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str], None] = _log,
                on_reply: Callable[[Message], None] | None = None) -> dict[str, Any]:
     """The federation's rounds on ``grid`` (Flower's ``Strategy.start``) with the global model's
-    held-out evaluation after each round (and before the first, as round 0)."""
+    held-out evaluation after each round (and before the first, as round 0).
+
+    After each round the server's state (global weights, R̄, the rounds' metrics) goes to
+    ``OUT/server_state.pt`` (atomically); when that file exists the run resumes after its round:
+    Flower's rounds 1, 2, ... are rounds r+1, r+2, ... of the federation (the strategy's offset),
+    ``metrics.jsonl`` drops any row after r, and each client starts from its state before the
+    repeated round (``FedClient``), so the result equals an uninterrupted run's."""
+    import torch
+
     from reasonrl.evaluate.evaluator import Evaluator
     from reasonrl.policy.factory import build_policy
     from reasonrl.tasks.base import build_task
@@ -55,34 +64,53 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
     fed = fed_settings(recipe)
     out = Path(out)
     if recipe.train.threads:
-        import torch
-
         torch.set_num_threads(recipe.train.threads)
     policy = build_policy(recipe.model, log=log)
     evaluator = Evaluator(recipe, build_task(recipe))
     layout = Layout.of(policy.weights())
     strategy = FedGRPOStrategy(layout, fed, on_reply=on_reply)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=1))
-    writer = MetricsWriter(out)
+    atomic_write_text(out / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
+    fingerprint, state_path = recipe_fingerprint(recipe), out / SERVER_STATE
     evals: dict[int, dict[str, float]] = {}
+    start = policy.weights()
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        if state["federation"] != fingerprint:
+            raise ValueError(f"{state_path} belongs to another federation (its recipe differs from {out}/recipe.json)")
+        strategy.round_offset, strategy.global_reward = state["round"], state["global_reward"]
+        strategy.round_metrics, evals, start = state["round_metrics"], state["evals"], state["arrays"]
+        log(f"resuming after round {strategy.round_offset} of {fed['rounds']}")
+    done = strategy.round_offset
+    writer = MetricsWriter(out, resume_step=done + 1 if done else None)
+    latest = [start]
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        policy.set_weights(arrays.to_torch_state_dict())
+        rnd = server_round + done
+        if server_round == 0 and done:  # Flower's initial evaluation of a resumed run: already done
+            return MetricRecord({k: float(v) for k, v in evals[done].items() if isinstance(v, (int, float))})
+        weights = arrays.to_torch_state_dict()
+        latest[0] = weights
+        policy.set_weights(weights)
         metrics = evaluator(policy).metrics if evaluator.problems else {}
-        evals[server_round] = metrics
+        evals[rnd] = metrics
         row = {f"eval/{k}": v for k, v in metrics.items()}
-        row.update({f"fed/{k}": v for k, v in strategy.round_metrics.get(server_round, {}).items()})
-        writer.write(server_round, row)
-        log(f"round {server_round}: held-out accuracy {metrics.get('accuracy', float('nan')):.3f}")
+        row.update({f"fed/{k}": v for k, v in strategy.round_metrics.get(rnd, {}).items()})
+        writer.write(rnd, row)
+        if rnd > 0:
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"round": rnd, "arrays": weights, "global_reward": strategy.global_reward, "evals": evals,
+                        "round_metrics": strategy.round_metrics, "federation": fingerprint}, tmp)
+            os.replace(tmp, state_path)
+        log(f"round {rnd}: held-out accuracy {metrics.get('accuracy', float('nan')):.3f}")
         return MetricRecord({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 
     try:
-        result = strategy.start(grid, ArrayRecord(policy.weights()), num_rounds=fed["rounds"],
-                                timeout=fed["round_timeout_s"], evaluate_fn=evaluate)
+        strategy.start(grid, ArrayRecord(start), num_rounds=fed["rounds"] - done,
+                       timeout=fed["round_timeout_s"], evaluate_fn=evaluate)
     finally:
         writer.close()
-    policy.set_weights(result.arrays.to_torch_state_dict())
+    policy.set_weights(latest[0])
     policy.save(out / "final_model")
     summary = {"run_dir": str(out), "rounds": fed["rounds"], "clients": fed["clients"],
                "base_accuracy": evals.get(0, {}).get("accuracy"),
@@ -102,18 +130,19 @@ def client_train(msg: Message, context: Context, recipe_dict: dict, out: str | P
     cid = int(context.node_config["partition-id"])
     state_dir = Path(str(context.node_config.get("state-dir") or Path(out) / "clients" / f"client_{cid}"))
     key, state_file = str(state_dir.resolve()), state_dir / STATE_FILE
+    config = msg.content["config"]
+    rnd = int(config["server-round"])
     cached = _CLIENTS.pop(key, None)
     mtime = state_file.stat().st_mtime_ns if state_file.is_file() else 0
-    if cached is not None and cached[1] == mtime:
+    if cached is not None and cached[1] == mtime and cached[0].round < rnd:
         client = cached[0]
-    else:
+    else:  # first round here, another process wrote the state, or a resumed server repeats a round
         if cached is not None:
             cached[0].close()
-        client = FedClient(recipe_from_dict(recipe_dict, "the federated recipe"), cid, state_dir)
-    config = msg.content["config"]
+        client = FedClient(recipe_from_dict(recipe_dict, "the federated recipe"), cid, state_dir, before_round=rnd)
     rbar = float(config["global-reward"]) if "global-reward" in config else None
     # An exception leaves the entry out of the cache: the next round rebuilds from the last saved state.
-    result = client.train_round(msg.content["arrays"].to_torch_state_dict(), rbar)
+    result = client.train_round(msg.content["arrays"].to_torch_state_dict(), rbar, rnd)
     _CLIENTS[key] = (client, state_file.stat().st_mtime_ns)
     return Message(reply_content(result, cid), reply_to=msg)
 

@@ -11,12 +11,17 @@ the federation's recipe with
 Its optimiser state, random streams, method state and error-feedback residual persist across
 rounds in ``<state_dir>/client_state.pt`` (the client's own disk: nothing of it is sent), so a
 client rebuilt between rounds (Flower's deployment runs each ClientApp call in a new process)
-continues exactly where the cached one would. What leaves the client: the sparse Δ_c and
-the scalars S_c, n_c and its mean reward.
+continues exactly where the cached one would. The state is tagged with the round it ends and
+the one before it is kept (``client_state.prev.pt``): a client asked for round r starts from its
+newest state of a round before r, so when a resumed server repeats a round the client already
+trained, it trains it again from the same start, and the federation equals an uninterrupted one.
+What leaves the client: the sparse Δ_c and the scalars S_c, n_c and its mean reward.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +34,10 @@ from reasonrl.config import ConfigError, Recipe, recipe_from_dict
 from reasonrl.fed.codec import Layout, SparseUpdate, encode
 from reasonrl.fed.method import METHOD, FedGRPOClient
 
-__all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "STATE_FILE"]
+__all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "fed_run_recipe", "recipe_fingerprint",
+           "STATE_FILE"]
 
-STATE_FILE = "client_state.pt"
+STATE_FILE, PREV_STATE_FILE = "client_state.pt", "client_state.prev.pt"
 CLIENT_SEED_STRIDE = 1000
 
 
@@ -66,6 +72,26 @@ def load_fed_recipe(path: str | Path, overrides: list[str] | None = None) -> Rec
     return recipe_from_dict(d, f"{path} (with --set)")
 
 
+def fed_run_recipe(recipe_path: str | None, overrides: list[str], out: str | Path, resume: bool) -> Recipe:
+    """The recipe of a federation run in ``out``: a new run needs ``out`` empty (or absent) and a
+    recipe file; ``resume`` continues the run there with the recipe it saved (no overrides)."""
+    out = Path(out)
+    if resume:
+        saved = out / "recipe.json"
+        if recipe_path or overrides:
+            raise ConfigError("--resume continues the run in -o OUT with its saved recipe: give neither a RECIPE "
+                              "nor --set")
+        if not saved.is_file():
+            raise ConfigError(f"--resume: {out} is not a federation's output folder (no recipe.json)")
+        return recipe_from_dict(json.loads(saved.read_text()), str(saved))
+    if not recipe_path:
+        raise ConfigError("a federation needs a RECIPE.yaml (or --resume with -o OUT)")
+    recipe = load_fed_recipe(recipe_path, overrides)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"output folder {out} is not empty; use --resume -o {out} to continue the run there")
+    return recipe
+
+
 def client_recipe(recipe: Recipe, client: int) -> Recipe:
     """Client ``client``'s recipe (see the module docstring)."""
     fed = fed_settings(recipe)
@@ -91,23 +117,36 @@ class RoundResult:
     metrics: list[dict[str, Any]]  # the local steps' training metrics (kept on the client)
 
 
+def recipe_fingerprint(recipe: Recipe) -> str:
+    """Which federation a client state belongs to (a hash of the federation's recipe)."""
+    return hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 class FedClient:
+    """Client ``client`` of the federation ``recipe``, its state in ``state_dir``; built to
+    train round ``before_round`` (None: the next after its newest saved state)."""
+
     def __init__(self, recipe: Recipe, client: int, state_dir: str | Path,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, before_round: int | None = None) -> None:
         from reasonrl.train.trainer import Trainer
 
         self.client = client
         self.fed = fed_settings(recipe)
+        self.fingerprint = recipe_fingerprint(recipe)
         self.state_dir = Path(state_dir)
         self.trainer = Trainer(client_recipe(recipe, client), self.state_dir, log=log or (lambda _m: None))
         self.trainer.setup()
         self.method = next(m for name, m in self.trainer.methods if name == METHOD)
         self.layout = Layout.of(self.trainer.policy.weights())
         self.residual: dict[str, Tensor] = {}
-        if (self.state_dir / STATE_FILE).is_file():
-            self._load()
+        self.round = 0  # the last round this client trained
+        state = self._newest_state(before_round)
+        if state is not None:
+            self.residual, self.round = state["residual"], state["round"]
+            self.trainer.load_state_dict(state)
 
-    def train_round(self, global_weights: dict[str, Tensor], global_reward: float | None) -> RoundResult:
+    def train_round(self, global_weights: dict[str, Tensor], global_reward: float | None,
+                    server_round: int | None = None) -> RoundResult:
         t, fed = self.trainer, self.fed
         t.policy.set_weights(global_weights)
         self.method.begin_round(global_reward)
@@ -119,21 +158,37 @@ class FedClient:
         delta = {n: local[n].float() - global_weights[n].float() for n in self.layout.names}
         update = encode(delta, self.layout, fed["kappa"], self.residual, fed["error_feedback"])
         self.residual = update.residual
+        self.round = self.round + 1 if server_round is None else server_round
         report = self.method.report()
         self._save()
         return RoundResult(update, report, metrics)
 
     def _save(self) -> None:
-        state = {"residual": self.residual, **self.trainer.state_dict()}  # the Trainer's checkpoint state
+        state = {"residual": self.residual, "round": self.round, "federation": self.fingerprint,
+                 **self.trainer.state_dict()}  # the Trainer's checkpoint state
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_dir / (STATE_FILE + ".tmp")
+        tmp, current = self.state_dir / (STATE_FILE + ".tmp"), self.state_dir / STATE_FILE
         torch.save(state, tmp)
-        os.replace(tmp, self.state_dir / STATE_FILE)  # a client killed mid-write keeps its last state
+        if self._on_disk.get(STATE_FILE, self.round) < self.round:  # a repeated round replaces it, keeps prev
+            os.replace(current, self.state_dir / PREV_STATE_FILE)
+            self._on_disk[PREV_STATE_FILE] = self._on_disk[STATE_FILE]
+        os.replace(tmp, current)  # a client killed mid-write keeps its last state
+        self._on_disk[STATE_FILE] = self.round
 
-    def _load(self) -> None:
-        state = torch.load(self.state_dir / STATE_FILE, weights_only=False)
-        self.residual = state["residual"]
-        self.trainer.load_state_dict(state)
+    def _newest_state(self, before_round: int | None) -> dict[str, Any] | None:
+        states = []
+        self._on_disk: dict[str, int] = {}  # the round each state file ends
+        for name in (STATE_FILE, PREV_STATE_FILE):
+            path = self.state_dir / name
+            if path.is_file():
+                state = torch.load(path, weights_only=False)
+                if state.get("federation") != self.fingerprint:
+                    raise ValueError(f"{path} holds another federation's client state (its recipe differs); "
+                                     f"give this client a fresh state folder")
+                states.append(state)
+                self._on_disk[name] = state["round"]
+        usable = [st for st in states if before_round is None or st["round"] < before_round]
+        return max(usable, key=lambda st: st["round"], default=None)
 
     def close(self) -> None:
         self.trainer.close()

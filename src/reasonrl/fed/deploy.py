@@ -14,7 +14,8 @@ Both wrap Flower's own deployment runtime (flwr 1.42), never a transport of ours
   SuperLink, with the node config ``partition-id`` (the client's index, Flower's convention) and
   ``state-dir`` (the client's own folder: its optimiser state, random streams and error-feedback
   residual between rounds). The recipe arrives with the run, so a client needs nothing but its
-  index. It serves runs until stopped (Ctrl-C).
+  index. It serves runs until stopped (Ctrl-C), starting the SuperNode again when it exits (a
+  restarted SuperLink does not know it: Flower's SuperNode then shuts down).
 
 Flower's working files (installed app bundles, the CLI's connection config) go to a
 ``FLWR_HOME`` inside OUT / the state folder, so nothing is written to ``~/.flwr``. Runtime
@@ -46,6 +47,7 @@ __all__ = ["TLS", "app_project", "serve", "join", "supernode_command", "DEFAULT_
 
 DEFAULT_PORT = 9092  # the SuperLink's one HTTP port (Flower's Fleet API port before 1.42)
 CLIENT_PORT_BASE = 9094  # each SuperNode's local Runtime API: 9094 + client index by default
+RESTART_MIN_UPTIME_S, RESTART_DELAY_S = 10.0, 2.0  # fed-client restarts a SuperNode that exits
 CONNECTION = "reasonrl"  # the SuperLink connection's name in the server's Flower config
 APP_DIR, HOME_DIR = "flower_app", "flower_home"
 
@@ -139,9 +141,26 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
 
 
+class _TermAsInterrupt:
+    """SIGTERM (a service manager's stop, ``kill``) ends the process as Ctrl-C does, through the
+    ``finally`` that stops the Flower processes it started (they run in their own sessions, so
+    nothing else would stop them)."""
+
+    def __enter__(self):
+        self.previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGTERM, self.previous)
+
+
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen, what: str, log_file: Path,
                    timeout_s: float = 60.0) -> None:
-    probe = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -149,7 +168,7 @@ def _wait_for_port(host: str, port: int, proc: subprocess.Popen, what: str, log_
                                f"its log: {log_file}")
         with socket.socket() as s:
             s.settimeout(0.5)
-            if s.connect_ex((probe, port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.2)
     raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout_s:.0f} s; its log: {log_file}")
@@ -159,7 +178,8 @@ def serve(recipe: Recipe, out: str | Path, host: str = "127.0.0.1", port: int = 
           tls: TLS | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the federation with real Flower processes (module docstring); returns the server's
     summary once every round is done. Clients join with ``join`` (``reasonrl fed-client``) at any
-    time: the first round waits until all ``clients`` are connected."""
+    time: the first round waits until all ``clients`` are connected. A run whose OUT holds a
+    server state resumes after its round (``apps.run_server``)."""
     from reasonrl.fed.client import fed_settings
 
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -168,24 +188,24 @@ def serve(recipe: Recipe, out: str | Path, host: str = "127.0.0.1", port: int = 
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").unlink(missing_ok=True)
     home, app = out / HOME_DIR, app_project(out / APP_DIR, recipe, out)
-    probe_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    _connection_config(home, f"{probe_host}:{port}", tls)
-    env = _env(home)
+    local = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host  # where this machine reaches it
+    _connection_config(home, f"{local}:{port}", tls)
+    env, link_log = _env(home), out / "superlink.log"
     cmd = [_flower_exe("flower-superlink"), "--host", host, "--port", str(port),
            "--disable-runtime-dependency-installation"]
     cmd += ["--insecure"] if tls is None else ["--ssl-certfile", tls.certfile, "--ssl-keyfile", tls.keyfile,
                                                 "--ssl-ca-certfile", tls.ca_certfile]
-    link_log = out / "superlink.log"
-    superlink = _start(cmd, env, link_log)
-    try:
-        _wait_for_port(host, port, superlink, "flower-superlink", link_log)
-        log(f"SuperLink on {host}:{port} (log: {link_log}); clients join with "
-            f"`reasonrl fed-client --client C --superlink {probe_host}:{port}{' --insecure' if tls is None else ''}`")
-        run = subprocess.run([_flower_exe("flwr"), "run", str(app), CONNECTION, "--stream"], env=env)
-        if run.returncode != 0:
-            raise RuntimeError(f"`flwr run` failed with code {run.returncode}; the SuperLink's log: {link_log}")
-    finally:
-        _stop(superlink)
+    with _TermAsInterrupt():
+        superlink = _start(cmd, env, link_log)
+        try:
+            _wait_for_port(local, port, superlink, "flower-superlink", link_log)
+            log(f"SuperLink on {host}:{port} (log: {link_log}); clients join with `reasonrl fed-client --client C "
+                f"--superlink {local}:{port}{' --insecure' if tls is None else ''}`")
+            run = subprocess.run([_flower_exe("flwr"), "run", str(app), CONNECTION, "--stream"], env=env)
+            if run.returncode != 0:
+                raise RuntimeError(f"`flwr run` failed with code {run.returncode}; the SuperLink's log: {link_log}")
+        finally:
+            _stop(superlink)
     summary = out / "summary.json"
     if not summary.is_file():
         raise RuntimeError(f"the federated run ended without a summary in {out}: see the log above and {link_log}")
@@ -206,13 +226,29 @@ def supernode_command(client: int, superlink: str, state_dir: str | Path, port: 
 
 
 def join(client: int, superlink: str, state_dir: str | Path, port: int | None = None,
-         root_certificates: str | None = None) -> int:
-    """Serve as client ``client`` until stopped; returns the SuperNode's exit code."""
+         root_certificates: str | None = None, log: Callable[[str], None] | None = None) -> int:
+    """Serve as client ``client`` until stopped (Ctrl-C). A SuperNode whose SuperLink restarted
+    (a crashed ``fed-server`` resumed) is not known to the new one and exits; it is started again
+    so the client rejoins. One that exits within ``RESTART_MIN_UPTIME_S`` three times in a row
+    (a wrong address, certificate, port) ends ``join`` with its exit code."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    node = _start(supernode_command(client, superlink, state_dir, port, root_certificates),
-                  _env(state_dir / HOME_DIR))
-    try:
-        return node.wait()
-    finally:
-        _stop(node)
+    cmd, env = supernode_command(client, superlink, state_dir, port, root_certificates), _env(state_dir / HOME_DIR)
+    quick_exits = 0
+    with _TermAsInterrupt():
+        while True:
+            started = time.monotonic()
+            node = _start(cmd, env)
+            try:
+                code = node.wait()
+            finally:
+                _stop(node)
+            quick_exits = quick_exits + 1 if time.monotonic() - started < RESTART_MIN_UPTIME_S else 0
+            if quick_exits >= 3:
+                log(f"client {client}: flower-supernode exited {quick_exits} times within "
+                    f"{RESTART_MIN_UPTIME_S:.0f} s of starting (code {code}); giving up (see its log above)")
+                return code or 1
+            log(f"client {client}: flower-supernode exited (code {code}); starting it again in "
+                f"{RESTART_DELAY_S:.0f} s")
+            time.sleep(RESTART_DELAY_S)

@@ -53,7 +53,9 @@ class FedGRPOClient(Method):
                  server_lr: Annotated[float, Range(gt=0, why="η_g in θ ← θ + η_g Σ w_c Δ_c")] = 1.0,
                  min_clients: Annotated[int, Range(ge=1, why="replies a round needs to aggregate")] = 1,
                  split: dict | None = None,
-                 round_timeout_s: Annotated[float, Range(gt=0)] = 3600.0) -> None:
+                 round_timeout_s: Annotated[float, Range(gt=0)] = 3600.0,
+                 join_timeout_s: Annotated[float, Range(ge=0, why="the first round's wait for all clients")] = 600.0
+                 ) -> None:
         """The settings are documented in ``docs/methods/fed_grpo.md``; ``split``: the
         ``non_iid`` sampler's parameters other than ``client``/``num_clients`` (default
         ``{key: form, dominant: 0.8}``)."""
@@ -65,7 +67,7 @@ class FedGRPOClient(Method):
                              omega_min=omega_min, omega_max=omega_max, calibration=calibration,
                              reward_momentum=reward_momentum, kappa=kappa, error_feedback=error_feedback,
                              server_lr=server_lr, min_clients=min_clients, split=dict(split or {}),
-                             round_timeout_s=round_timeout_s)
+                             round_timeout_s=round_timeout_s, join_timeout_s=join_timeout_s)
         self.global_reward: float | None = None
         self._reset_round()
 

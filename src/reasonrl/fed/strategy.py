@@ -4,8 +4,9 @@ A subclass of Flower's message-API ``FedAvg`` (``flwr.serverapp.strategy``), so 
 ``min_available_nodes``/``min_train_nodes`` and the handling of failed replies (a reply that
 carries an error, or none before the round's timeout, is left out) are Flower's own. Per round:
 
-1. ``configure_train``: round 1 waits until all ``clients`` are connected, later rounds need
-   ``min_clients``; FedAvg's messages (the global trainable weights and the config), plus
+1. ``configure_train``: the first round of a run (or of a resumed run) waits up to
+   ``join_timeout_s`` for all ``clients`` to connect, every round needs ``min_clients``; then
+   FedAvg's messages (the global trainable weights and the config), plus
    ``global-reward`` = R̄ once known and calibration is on (β > 0);
 2. ``aggregate_train``: each valid reply is checked against the one schema a client may send
    (``update``: int ``indices`` and float32 ``values``; ``metrics``: the scalars in
@@ -21,6 +22,7 @@ With α = 0, β = 0, κ = 1 and η_g = 1 this is FedAvg exactly (Σ_c (n_c/Σn) 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any, Callable
 
@@ -62,15 +64,20 @@ class FedGRPOStrategy(FedAvg):
         self.global_reward: float | None = None
         self.current: ArrayRecord | None = None
         self.round_metrics: dict[int, dict[str, float]] = {}
+        self.round_offset = 0  # rounds done before this start (a resumed run): Flower's round 1 is offset + 1
         self._down: dict[int, tuple[int, int]] = {}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        server_round += self.round_offset
         self.current = arrays
-        # Round 1 waits for every client (real processes may join late: a round that started with
-        # fewer would train on a partial federation); later rounds go on with >= min_clients, so
-        # a client that died does not stall the server (Flower's sample_nodes waits for this many).
-        self.min_available_nodes = self.fed["clients"] if server_round == 1 else self.fed["min_clients"]
+        # The first round of a start (1, or the first after a resume) waits for every client (real
+        # processes join or reconnect late: a round that started with fewer would train on a partial
+        # federation), up to join_timeout_s; every round needs >= min_clients (Flower's sample_nodes
+        # waits for that many), so a client that died does not stall the server.
+        if server_round == self.round_offset + 1:
+            self._wait_for_clients(grid)
+        self.min_available_nodes = self.fed["min_clients"]
         if self.fed["beta"] > 0 and self.global_reward is not None:
             config["global-reward"] = float(self.global_reward)
         messages = list(super().configure_train(server_round, arrays, config, grid))
@@ -78,7 +85,15 @@ class FedGRPOStrategy(FedAvg):
         self._down[server_round] = (len(messages), dense)
         return messages
 
+    def _wait_for_clients(self, grid: Grid) -> None:
+        """Up to ``join_timeout_s`` for all ``clients`` to be connected (then the round goes on
+        with those there, at least ``min_clients``: a client gone for good does not stop a resume)."""
+        want, deadline = self.fed["clients"], time.monotonic() + self.fed["join_timeout_s"]
+        while len(list(grid.get_node_ids())) < want and time.monotonic() < deadline:
+            time.sleep(1.0)
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        server_round += self.round_offset
         replies = list(replies)
         for msg in replies:
             if self.on_reply is not None:
@@ -86,6 +101,9 @@ class FedGRPOStrategy(FedAvg):
         valid = [m for m in replies if not m.has_error()]
         for m in valid:
             check_reply(m.content)
+        # Replies arrive in any order (real processes finish when they finish); summing them in
+        # client order makes the float sums, hence the global weights, independent of it.
+        valid.sort(key=lambda m: int(m.content["metrics"]["client-id"]))
         ids = [int(m.content["metrics"]["client-id"]) for m in valid]
         if len(set(ids)) != len(ids):
             raise ValueError(f"two nodes replied as the same client ({sorted(ids)}): start each fed-client with "
