@@ -308,30 +308,28 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a recipe value; expdis.<key>=... sets the loop's settings (repeatable)")
     exd.set_defaults(func=cmd_expdis)
 
-    fsim = sub.add_parser("fed-sim", help="Fed-GRPO/FedAvg: a federation of the recipe's clients in Flower's simulation")
-    fsim.add_argument("recipe", nargs="?", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
-    fsim.add_argument("--resume", action="store_true", help="continue the federation in --output after its last "
-                        "finished round (clients keep their own state)")
-    fsim.add_argument("-o", "--output", required=True, help="the server's output folder (clients keep state under it)")
-    fsim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
-    fsim.set_defaults(func=cmd_fed_sim)
+    def federation_parser(name: str, help: str, output: str, func) -> argparse.ArgumentParser:
+        fed = sub.add_parser(name, help=help)
+        fed.add_argument("recipe", nargs="?", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
+        fed.add_argument("--resume", action="store_true", help="continue the federation in --output after its last "
+                         "finished round (clients keep their own state)")
+        fed.add_argument("-o", "--output", required=True, help=output)
+        fed.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
+        fed.set_defaults(func=func)
+        return fed
 
-    fsrv = sub.add_parser("fed-server", help="Fed-GRPO/FedAvg with real Flower processes: start a SuperLink and run "
-                                             "the federation on the clients that join (reasonrl fed-client)")
-    fsrv.add_argument("recipe", nargs="?", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
-    fsrv.add_argument("--resume", action="store_true", help="continue the federation in --output after its last "
-                        "finished round (clients keep their own state)")
-    fsrv.add_argument("-o", "--output", required=True, help="the server's output folder")
-    fsrv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a recipe value (repeatable); fed.<key>=... sets a federation setting")
+    federation_parser("fed-sim", "Fed-GRPO/FedAvg: a federation of the recipe's clients in Flower's simulation",
+                      "the server's output folder (clients keep state under it)", cmd_fed_sim)
+    fsrv = federation_parser("fed-server", "Fed-GRPO/FedAvg with real Flower processes: start a SuperLink and run "
+                             "the federation on the clients that join (reasonrl fed-client)",
+                             "the server's output folder", cmd_fed_server)
     fsrv.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on (0.0.0.0: every interface)")
     fsrv.add_argument("--port", type=int, default=9092, help="the SuperLink's port (clients connect to it)")
     fsrv.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (one machine or a trusted network)")
     fsrv.add_argument("--ssl-certfile", help="TLS: the SuperLink's certificate (PEM)")
     fsrv.add_argument("--ssl-keyfile", help="TLS: the SuperLink's private key (PEM)")
     fsrv.add_argument("--ssl-ca-certfile", help="TLS: the CA certificate that signed it (PEM)")
-    fsrv.set_defaults(func=cmd_fed_server)
 
     fcli = sub.add_parser("fed-client", help="one Fed-GRPO client: a Flower SuperNode that trains on its own prompts "
                                              "for the server at --superlink (until stopped)")

@@ -36,3 +36,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def atomic_torch_save(path: Path, obj: object) -> None:
+    """``torch.save`` that a crash cannot leave half-written: the old file or the new one."""
+    import torch
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

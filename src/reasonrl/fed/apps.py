@@ -11,7 +11,8 @@
 
 The server's output folder holds ``recipe.json``, ``metrics.jsonl`` (one row per round: the
 global model's held-out accuracy, S_c, w_c, R̄, bytes; ``reasonrl report`` reads it),
-``final_model/`` and ``summary.json``; each client keeps its own state in its own folder.
+``final_model/``, ``summary.json`` and ``server_state.pt`` (the last finished round, for
+``--resume``); each client keeps its own state in its own folder.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from reasonrl.config import Recipe, recipe_from_dict  # noqa: E402
 from reasonrl.fed.client import FedClient, RoundResult, STATE_FILE, fed_settings, recipe_fingerprint  # noqa: E402
 from reasonrl.fed.codec import Layout  # noqa: E402
 from reasonrl.fed.strategy import FedGRPOStrategy  # noqa: E402
-from reasonrl.fsutil import atomic_write_text  # noqa: E402
+from reasonrl.fsutil import atomic_torch_save, atomic_write_text  # noqa: E402
 
-__all__ = ["simulate", "run_server", "client_train", "reply_content", "make_server_app", "make_client_app", "server_app", "client_app"]
+__all__ = ["simulate", "run_server", "client_train", "reply_content", "make_server_app", "make_client_app",
+           "server_app", "client_app"]
 
 RECIPE_KEY, OUT_KEY = "recipe-json", "out"
 SERVER_STATE = "server_state.pt"
@@ -98,10 +100,9 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
         row.update({f"fed/{k}": v for k, v in strategy.round_metrics.get(rnd, {}).items()})
         writer.write(rnd, row)
         if rnd > 0:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"round": rnd, "arrays": weights, "global_reward": strategy.global_reward, "evals": evals,
-                        "round_metrics": strategy.round_metrics, "federation": fingerprint}, tmp)
-            os.replace(tmp, state_path)
+            atomic_torch_save(state_path, {"round": rnd, "arrays": weights, "global_reward": strategy.global_reward,
+                                           "evals": evals, "round_metrics": strategy.round_metrics,
+                                           "federation": fingerprint})
         log(f"round {rnd}: held-out accuracy {metrics.get('accuracy', float('nan')):.3f}")
         return MetricRecord({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 

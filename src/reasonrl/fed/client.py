@@ -33,9 +33,10 @@ from torch import Tensor
 from reasonrl.config import ConfigError, Recipe, recipe_from_dict
 from reasonrl.fed.codec import Layout, SparseUpdate, encode
 from reasonrl.fed.method import METHOD, FedGRPOClient
+from reasonrl.fsutil import atomic_torch_save
 
-__all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "fed_run_recipe", "recipe_fingerprint",
-           "STATE_FILE"]
+__all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "fed_run_recipe",
+           "recipe_fingerprint", "STATE_FILE"]
 
 STATE_FILE, PREV_STATE_FILE = "client_state.pt", "client_state.prev.pt"
 CLIENT_SEED_STRIDE = 1000
@@ -140,6 +141,7 @@ class FedClient:
         self.layout = Layout.of(self.trainer.policy.weights())
         self.residual: dict[str, Tensor] = {}
         self.round = 0  # the last round this client trained
+        self._on_disk: dict[str, int] = {}  # the round each state file ends
         state = self._newest_state(before_round)
         if state is not None:
             self.residual, self.round = state["residual"], state["round"]
@@ -167,17 +169,16 @@ class FedClient:
         state = {"residual": self.residual, "round": self.round, "federation": self.fingerprint,
                  **self.trainer.state_dict()}  # the Trainer's checkpoint state
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp, current = self.state_dir / (STATE_FILE + ".tmp"), self.state_dir / STATE_FILE
-        torch.save(state, tmp)
-        if self._on_disk.get(STATE_FILE, self.round) < self.round:  # a repeated round replaces it, keeps prev
-            os.replace(current, self.state_dir / PREV_STATE_FILE)
-            self._on_disk[PREV_STATE_FILE] = self._on_disk[STATE_FILE]
-        os.replace(tmp, current)  # a client killed mid-write keeps its last state
+        # The state of an earlier round becomes prev (a repeated round replaces the current one);
+        # a client killed after the move and before the write still has that state, as prev.
+        if self._on_disk.get(STATE_FILE, self.round) < self.round:
+            os.replace(self.state_dir / STATE_FILE, self.state_dir / PREV_STATE_FILE)
+            self._on_disk[PREV_STATE_FILE] = self._on_disk.pop(STATE_FILE)
+        atomic_torch_save(self.state_dir / STATE_FILE, state)
         self._on_disk[STATE_FILE] = self.round
 
     def _newest_state(self, before_round: int | None) -> dict[str, Any] | None:
         states = []
-        self._on_disk: dict[str, int] = {}  # the round each state file ends
         for name in (STATE_FILE, PREV_STATE_FILE):
             path = self.state_dir / name
             if path.is_file():

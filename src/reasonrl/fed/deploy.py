@@ -114,8 +114,10 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _start(cmd: list[str], env: dict[str, str], log_file: Path | None = None) -> subprocess.Popen:
-    """A Flower process in its own session, so ``_stop`` ends it with every child it spawned
-    (SuperExec, the ServerApp/ClientApp processes)."""
+    """A Flower process in its own session: Ctrl-C in this terminal reaches this process only,
+    which then stops it (``_stop``) in order. The SuperExec it starts detaches into a session of
+    its own and exits when its parent does (Flower's ``--parent-pid``), taking the
+    ServerApp/ClientApp processes with it (``tests/test_fed_deploy.py`` checks none is left)."""
     out = open(log_file, "ab") if log_file is not None else None
     try:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
