@@ -113,15 +113,27 @@ def _env(home: Path) -> dict[str, str]:
             "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
 
 
+def _own_session_dying_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:  # Linux: SIGTERM when this process's parent dies, even by SIGKILL, so nothing is orphaned
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _start(cmd: list[str], env: dict[str, str], log_file: Path | None = None) -> subprocess.Popen:
     """A Flower process in its own session: Ctrl-C in this terminal reaches this process only,
-    which then stops it (``_stop``) in order. The SuperExec it starts detaches into a session of
-    its own and exits when its parent does (Flower's ``--parent-pid``), taking the
-    ServerApp/ClientApp processes with it (``tests/test_fed_deploy.py`` checks none is left)."""
+    which then stops it (``_stop``) in order; if this process is killed outright, the Flower
+    process gets SIGTERM from the kernel (Linux's parent-death signal). The SuperExec it starts
+    detaches into a session of its own and exits when its parent does (Flower's
+    ``--parent-pid``), taking the ServerApp/ClientApp processes with it
+    (``tests/test_fed_deploy.py`` checks none is left)."""
     out = open(log_file, "ab") if log_file is not None else None
     try:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True)
+                                preexec_fn=_own_session_dying_with_parent)
     finally:
         if out is not None:
             out.close()  # the child holds its own descriptor
