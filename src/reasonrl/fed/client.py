@@ -141,7 +141,7 @@ class FedClient:
         self.layout = Layout.of(self.trainer.policy.weights())
         self.residual: dict[str, Tensor] = {}
         self.round = 0  # the last round this client trained
-        self._on_disk: dict[str, int] = {}  # the round each state file ends
+        self._saved_round: int | None = None  # the round client_state.pt ends (None: no such file)
         state = self._newest_state(before_round)
         if state is not None:
             self.residual, self.round = state["residual"], state["round"]
@@ -171,25 +171,27 @@ class FedClient:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The state of an earlier round becomes prev (a repeated round replaces the current one);
         # a client killed after the move and before the write still has that state, as prev.
-        if self._on_disk.get(STATE_FILE, self.round) < self.round:
+        if self._saved_round is not None and self._saved_round < self.round:
             os.replace(self.state_dir / STATE_FILE, self.state_dir / PREV_STATE_FILE)
-            self._on_disk[PREV_STATE_FILE] = self._on_disk.pop(STATE_FILE)
         atomic_torch_save(self.state_dir / STATE_FILE, state)
-        self._on_disk[STATE_FILE] = self.round
+        self._saved_round = self.round
 
     def _newest_state(self, before_round: int | None) -> dict[str, Any] | None:
-        states = []
+        """The newest saved state of a round before ``before_round``: client_state.pt, else the
+        older client_state.prev.pt (read only when needed: each is a whole optimiser state)."""
         for name in (STATE_FILE, PREV_STATE_FILE):
             path = self.state_dir / name
-            if path.is_file():
-                state = torch.load(path, weights_only=False)
-                if state.get("federation") != self.fingerprint:
-                    raise ValueError(f"{path} holds another federation's client state (its recipe differs); "
-                                     f"give this client a fresh state folder")
-                states.append(state)
-                self._on_disk[name] = state["round"]
-        usable = [st for st in states if before_round is None or st["round"] < before_round]
-        return max(usable, key=lambda st: st["round"], default=None)
+            if not path.is_file():
+                continue
+            state = torch.load(path, weights_only=False)
+            if state.get("federation") != self.fingerprint:
+                raise ValueError(f"{path} holds another federation's client state (its recipe differs); "
+                                 f"give this client a fresh state folder")
+            if name == STATE_FILE:
+                self._saved_round = state["round"]
+            if before_round is None or state["round"] < before_round:
+                return state
+        return None
 
     def close(self) -> None:
         self.trainer.close()

@@ -35,7 +35,6 @@ from reasonrl.tasks.base import Problem, split_draws
 
 LABEL_RE = re.compile(r"[1-9][0-9]*")
 LOW, HIGH = 10, 99  # labels are two-digit numbers
-# Rejection sampling for the eval split stops after this many draws per wanted problem.
 
 
 def parse_label(completion: str) -> str | None:
