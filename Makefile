@@ -27,7 +27,7 @@ test: $(STAMP)
 # Regenerate the embedded model's shipped weights (src/reasonrl/policy/embedded/) after a
 # change to the default TinySpec or WARMUP_VERSION; about a minute on 2 cores.
 embedded: $(STAMP)
-	$(PY) -m reasonrl.policy.tiny --rebuild-embedded
+	$(PY) -m reasonrl.embedded --rebuild-embedded
 
 bench: $(STAMP)
 	$(PY) benchmarks/embedded_throughput.py

@@ -37,7 +37,7 @@ import torch
 
 import reasonrl.envs  # noqa: F401  (registers the advisor env, its task and its advisors)
 from reasonrl.config import load_recipe, recipe_from_dict
-from reasonrl.envs.advisor import ASK_OPEN, advice_value, get_advisor
+from reasonrl.methods.advisor import ASK_OPEN, advice_value, get_advisor
 from reasonrl.policy.hf import position_ids_from_mask
 from reasonrl.rewards.basic import exact_answer
 from reasonrl.rollout.episodes import EpisodeRollout, sample_problems

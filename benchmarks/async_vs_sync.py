@@ -44,7 +44,7 @@ def train(recipe: Path, sets: list[str], run_dir: Path) -> dict[str, float]:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.metrics_log import read_metrics
 
     rows = [r for r in read_metrics(run_dir) if "perf/step_s" in r]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -1,7 +1,7 @@
 """CARing evaluation and stage 1 (specs/methods-a.md §8; docs/methods/caring.md).
 
 ``eval``: a model on a ``next_visit`` recipe's held-out problems. Ranked top-K lists from the
-trie-constrained beam (``reasonrl.rollout.constrained``; with ``--chains M``: M sampled
+trie-constrained beam (``reasonrl.methods.caring.decoding``; with ``--chains M``: M sampled
 reasoning chains fused by RRF), then Recall@k, oracle-cardinality weighted F1, decoding tokens
 per label (the label's tokens + EOS, mean over the vocabulary), the share of invalid outputs of
 free greedy decoding and of the constrained beam (0 by construction; counted, not assumed)::
@@ -35,11 +35,11 @@ import torch
 
 
 def evaluate(args) -> dict:
-    from reasonrl.algos.semantic_ids import recall_at_k, weighted_f1
+    from reasonrl.methods.caring.semantic_ids import recall_at_k, weighted_f1
     from reasonrl.config import load_recipe
     from reasonrl.policy.factory import build_policy
-    from reasonrl.policy.loading import load_for_eval
-    from reasonrl.rollout.constrained import multi_chain_rank, rank_labels
+    from reasonrl.policy.factory import load_for_eval
+    from reasonrl.methods.caring.decoding import multi_chain_rank, rank_labels
     from reasonrl.tasks.base import build_task
 
     recipe = load_recipe(args.recipe, args.set or [])
@@ -80,8 +80,8 @@ def evaluate(args) -> dict:
 def stage1(args) -> dict:
     from reasonrl.config import OptimConfig
     from reasonrl.policy.loading import load_hf_policy
-    from reasonrl.policy.sid_tokens import prepare_sid_model
-    from reasonrl.tasks.next_visit import NextVisitTask
+    from reasonrl.methods.caring.sid_tokens import prepare_sid_model
+    from reasonrl.methods.caring.next_visit import NextVisitTask
 
     task = NextVisitTask(**json.loads(args.task))
     policy = load_hf_policy(args.model)

@@ -18,8 +18,8 @@ import argparse
 import json
 from types import SimpleNamespace
 
-from reasonrl.rewards.clinical import PAPER_WEIGHTS, concept_f1, consistency_penalty, token_f1
-from reasonrl.tasks.base import Problem
+from reasonrl.methods.clinical.reward import PAPER_WEIGHTS, concept_f1, consistency_penalty, token_f1
+from reasonrl.problem import Problem
 
 # (reference, correct but worded otherwise, entity substitution), in the builtin vocabulary's terms.
 ITEMS = [
@@ -46,7 +46,7 @@ def pairwise(scores: list[tuple[float, float]]) -> float:
 def judge_scores(path: str, problems: list[Problem], texts: list[str]) -> list[float]:
     import torch
 
-    from reasonrl.methods.clinical_judge import ClinicalJudge
+    from reasonrl.methods.clinical.method import ClinicalJudge
 
     judge = ClinicalJudge(judge={"backend": "hf", "path": path} if path != "tiny" else {"backend": "tiny"})
     judge.setup(SimpleNamespace(recipe=SimpleNamespace(train=SimpleNamespace(micro_batch_size=8)),

@@ -2,7 +2,7 @@
 
 arXiv 2610.02015 (Sullivan & Koller) finds that RLVR runs from different seeds read each other's
 chains of thought worse than their own ("mutual readability"): drift directions are seed-
-specific. The protocol here is INFERRED (``reasonrl.evaluate.drift``, ``docs/methods/drift.md``):
+specific. The protocol here is INFERRED (``reasonrl.methods.drift.measure``, ``docs/methods/drift.md``):
 
 0. for every WRITER that is a run folder, its logged ``drift/ref_nll``, ``reward/mean`` and
    ``eval/accuracy`` along training (``writers.<run>.curves`` in the output; ``reasonrl report``
@@ -31,7 +31,7 @@ import torch
 
 from reasonrl.config import ConfigError, load_recipe
 from reasonrl.evaluate.accuracy import greedy_texts
-from reasonrl.evaluate.drift import drift_summary, readability, text_reasoning_nll
+from reasonrl.methods.drift.measure import drift_summary, readability, text_reasoning_nll
 from reasonrl.evaluate.metrics import bootstrap_ci
 from reasonrl.fsutil import atomic_write_text
 from reasonrl.registry import REWARDS
@@ -50,7 +50,7 @@ def load_model(name: str, recipe, cache: dict):
 
             cache[name] = build_policy(recipe.model, trainable=False)
         else:
-            from reasonrl.policy.loading import load_for_eval
+            from reasonrl.policy.factory import load_for_eval
 
             if name != "tiny" and not Path(name).exists():
                 raise ConfigError(f"model '{name}': no such run or model folder (or use '{BASE}', '{SOLUTIONS}', 'tiny')")
@@ -61,7 +61,7 @@ def load_model(name: str, recipe, cache: dict):
 
 def curves(run_dir: str) -> dict[str, dict[int, float]]:
     """A run's logged drift and accuracy along training (``metrics.jsonl``): per metric, step → value."""
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.metrics_log import read_metrics
 
     out: dict[str, dict[int, float]] = {}
     for row in read_metrics(Path(run_dir)):

@@ -31,8 +31,8 @@ import torch
 
 from reasonrl.algos.masked import group_stats
 from reasonrl.config import load_recipe
-from reasonrl.methods.channel_mask import eval_mode
-from reasonrl.methods.rlcpr import answer_probabilities, split_trace
+from reasonrl.train.channel_mask import eval_mode
+from reasonrl.methods.rlcpr.method import answer_probabilities, split_trace
 from reasonrl.policy.factory import build_policy
 from reasonrl.rollout.episodes import sample_problems
 from reasonrl.tasks.base import build_task

@@ -26,8 +26,8 @@ _pkg = types.ModuleType("reasonrl.rewards")
 _pkg.__path__ = [os.path.join(os.path.dirname(reasonrl.__file__), "rewards")]
 sys.modules.setdefault("reasonrl.rewards", _pkg)
 
-from reasonrl.rewards.sandbox import SYSTEM_PYTHON, SandboxPool, run_python  # noqa: E402
-from reasonrl.rewards.sandbox.backends import probe  # noqa: E402
+from reasonrl.isolation.sandbox import SYSTEM_PYTHON, SandboxPool, run_python  # noqa: E402
+from reasonrl.isolation.sandbox.choice import probe  # noqa: E402
 
 PROGRAM = "print(1)"
 

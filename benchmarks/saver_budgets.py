@@ -21,12 +21,12 @@ import json
 import sys
 from pathlib import Path
 
-from reasonrl.algos.saver import span_iou
+from reasonrl.methods.saver.maths import span_iou
 from reasonrl.config import load_recipe
 from reasonrl.evaluate.accuracy import greedy_texts
 from reasonrl.evaluate.metrics import bootstrap_ci
 from reasonrl.registry import TASKS
-from reasonrl.rewards.grounding import parse_grounding
+from reasonrl.methods.saver.reward import parse_grounding
 
 FRACTIONS = (1, 2, 4, 8, 16)  # budget = N / fraction
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import reasonrl.rewards  # noqa: F401  (registration)
     import reasonrl.tasks  # noqa: F401
     from reasonrl.policy.factory import build_policy
-    from reasonrl.policy.loading import load_for_eval
+    from reasonrl.policy.factory import load_for_eval
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", help="run folders or model paths")

@@ -10,7 +10,7 @@ without bound, SFT keeps it bounded; ``docs/methods/drift.md``). It takes a GRPO
   cross-entropy of the solution tokens, as ``reasonrl.train.sft`` defines it;
 - on steps k with k % every == 0 it samples ``rollout.num_generations`` completions of those
   prompts from the current policy, as GRPO would, and logs ``reward/mean`` and the drift metrics
-  of ``reasonrl.methods.drift`` (same names, same reference: the initial weights) in row k + 1;
+  of ``reasonrl.methods.drift.method`` (same names, same reference: the initial weights) in row k + 1;
 - ``eval/*`` at the start, every ``eval.every`` steps and at the end, as the Trainer does.
 
 The output folder is laid out as a run folder (``metrics.jsonl``, ``recipe.json`` with
@@ -33,13 +33,13 @@ import torch
 
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, load_recipe
-from reasonrl.evaluate.drift import ANSWER_MARK, drift_summary, reasoning_nll
+from reasonrl.methods.drift.measure import ANSWER_MARK, drift_summary, reasoning_nll
 from reasonrl.evaluate.evaluator import Evaluator
 from reasonrl.fsutil import atomic_write_text
 from reasonrl.policy.factory import build_policy
 from reasonrl.registry import REWARDS
 from reasonrl.tasks.base import build_task
-from reasonrl.train.metrics import MetricsWriter
+from reasonrl.metrics_log import MetricsWriter
 from reasonrl.train.optim import Learner
 from reasonrl.train.sft import SFTExample, examples_batch
 from reasonrl.train.trainer import seed_everything

@@ -47,7 +47,7 @@ def lenient_accuracy(model: str, run: Path) -> tuple[float, float, float]:
     from reasonrl.config import load_recipe
     from reasonrl.evaluate.accuracy import greedy_texts
     from reasonrl.evaluate.evaluator import Evaluator
-    from reasonrl.policy.loading import load_for_eval
+    from reasonrl.policy.factory import load_for_eval
     from reasonrl.train.trainer import build_task
 
     recipe = load_recipe(run / "recipe.json")

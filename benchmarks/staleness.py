@@ -122,7 +122,7 @@ def final(run_dir: Path, key: str) -> float | None:
 
 
 def late(run_dir: Path, key: str) -> float | None:
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.metrics_log import read_metrics
 
     values = [r[key] for r in read_metrics(run_dir) if isinstance(r.get(key), (int, float))] if run_dir.exists() else []
     return statistics.mean(values[-20:]) if values else None
@@ -130,7 +130,7 @@ def late(run_dir: Path, key: str) -> float | None:
 
 def steps_to(run_dir: Path, level: float) -> int | None:
     """The first evaluation step whose held-out accuracy reaches ``level`` (None: never)."""
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.metrics_log import read_metrics
 
     for r in read_metrics(run_dir):
         if r.get("step", 0) > 0 and isinstance(r.get("eval/accuracy"), (int, float)) and r["eval/accuracy"] >= level:

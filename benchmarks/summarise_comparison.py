@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 
 from summarise_runs import mean_sd  # this folder: run as a script, benchmarks/ is on sys.path
 

@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 
 
 def mean_sd(values: list[float]) -> str:

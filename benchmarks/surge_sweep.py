@@ -24,9 +24,9 @@ from pathlib import Path
 
 from reasonrl.cli import main as reasonrl
 from reasonrl.fsutil import atomic_write_text
-from reasonrl.fuse import FUSE_FILE, FuseSettings, fuse
+from reasonrl.methods.surge.fuse import FUSE_FILE, FuseSettings, fuse
 from reasonrl.train.checkpoint import MODEL_DIR, list_checkpoints
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 
 
 def best_checkpoint(run_dir: Path) -> Path:

@@ -50,7 +50,7 @@ def pinned_recipe(name: str):
 
 def run_pinned(name: str, run_dir: Path):
     """Train the pinned run ``name``; return (metric rows without timings, final weights)."""
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.metrics_log import read_metrics
     from reasonrl.train.trainer import Trainer
 
     Trainer(pinned_recipe(name), run_dir, log=lambda m: None).run()

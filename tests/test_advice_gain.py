@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import reasonrl.methods.advice_gain as advice_gain_module
+import reasonrl.methods.advisor.method as advice_gain_module
 import reasonrl.rollout.episodes as episodes
-from reasonrl.algos.advice_gain import advice_gain, answer_probability
+from reasonrl.methods.advisor.maths import advice_gain, answer_probability
 from reasonrl.config import ConfigError, load_recipe
-from reasonrl.envs.advisor import ArithmeticAdvisorTask
-from reasonrl.methods.advice_gain import AdviceGain
-from reasonrl.methods.base import MethodContext
+from reasonrl.methods.advisor import ArithmeticAdvisorTask
+from reasonrl.methods.advisor.method import AdviceGain
+from reasonrl.hooks import MethodContext
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.policy.tiny import TinySpec, new_tiny_model
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import MINI_TINY, episode_batch, mini_recipe, scripted_samples

@@ -5,9 +5,6 @@ costs and budget, the advisors (the tiny one, the OpenAI-chat one against a loca
 import importlib.util
 import json
 import random
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +13,7 @@ import torch
 
 import reasonrl.rollout.episodes as episodes
 from reasonrl.config import ConfigError
-from reasonrl.envs.advisor import (ADVISORS, Advisor, AdvisorEnv, AdvisorError, ArithmeticAdvisorTask,
+from reasonrl.methods.advisor import (ADVISORS, Advisor, AdvisorEnv, AdvisorError, ArithmeticAdvisorTask,
                                    OpenAIChatAdvisor, TinyAdvisor, advice_value, get_advisor)
 from reasonrl.envs.base import Step
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
@@ -27,12 +24,11 @@ from reasonrl.registry import ENVIRONMENTS
 from reasonrl.rewards.basic import exact_answer
 from reasonrl.rollout.episodes import EpisodeRollout, sample_problems
 from reasonrl.tasks.arithmetic import ArithmeticTask
-from reasonrl.tasks.base import Problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_recipe
-from test_episodes import scripted
+from helpers import MINI_TINY, Stub, mini_recipe, scripted
 
 ORACLE = {"name": "advisor", "advisor": "oracle_arithmetic"}
 
@@ -242,42 +238,6 @@ def test_the_tiny_advisor_is_built_offline_answers_greedily_and_loads_from_a_fol
         TinyAdvisor(tiny=spec, path=str(tmp_path / "m"))
     with pytest.raises(ValueError, match="never downloaded"):
         TinyAdvisor(path="org/some-model")
-
-
-class Stub:
-    """A local OpenAI chat-completions server: records each request; ``status``, ``reply`` and
-    ``delay_s`` say how it answers (``fail_first``: that many 503s first)."""
-
-    def __init__(self, status=200, reply="The answer is 472.", delay_s=0.0, fail_first=0):
-        self.status, self.reply, self.delay_s, self.fail_first = status, reply, delay_s, fail_first
-        self.requests = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append((self.path, dict(self.headers), body))
-                time.sleep(stub.delay_s)
-                status = 503 if len(stub.requests) <= stub.fail_first else stub.status
-                out = (json.dumps({"choices": [{"message": {"role": "assistant", "content": stub.reply}}]})
-                       if status == 200 else json.dumps({"error": {"message": "model overloaded"}})).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads, self.server.block_on_close = True, False
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -8,16 +8,16 @@ import math
 import pytest
 import torch
 
-from reasonrl.algos.arg import (all_failure_groups, check_bins, expected_ratio, prefix_length, prefix_weights,
+from reasonrl.methods.arg.maths import (all_failure_groups, check_bins, expected_ratio, prefix_length, prefix_weights,
                                 reinforce_update, sample_bin, selector_entropy, selector_probs, selector_reward,
                                 update_baseline)
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
-from reasonrl.methods.arg import AdaptiveReferenceGuidance
-from reasonrl.methods.base import MethodContext
+from reasonrl.methods.arg.method import AdaptiveReferenceGuidance
+from reasonrl.hooks import MethodContext
 from reasonrl.rewards.scorer import Scores
-from reasonrl.tasks.base import Problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.objective import TermInputs
 from reasonrl.train.trainer import Trainer
 
@@ -315,4 +315,5 @@ def test_no_all_failure_group_and_beta_zero_trains_exactly_like_grpo(tmp_path):
     a, b = final_weights(tmp_path / "grpo"), final_weights(tmp_path / "arg")
     assert all(torch.equal(a[k], b[k]) for k in a)
     rows = [x for x in read_metrics(tmp_path / "arg") if "loss" in x]
+    assert rows, "no training step was logged"
     assert all(x["arg/guided_groups"] == 0 and x["arg/expected_rho"] == pytest.approx(0.45) for x in rows)

@@ -33,7 +33,9 @@ def test_correct_solutions_score_and_careless_fraction():
     wrong = sum(exact_answer(p.solution, p) == 0.0 for p in bracketed)
     # 70% careless, minus the few where ignoring brackets happens to give the right answer.
     assert 0.6 < wrong / len(bracketed) < 0.75
-    assert all(exact_answer(p.solution, p) == 1.0 for p in problems if not p.meta["bracketed"])
+    plain = [p for p in problems if not p.meta["bracketed"]]
+    assert plain, "every warm-up problem is bracketed"
+    assert all(exact_answer(p.solution, p) == 1.0 for p in plain)
     assert extract_answer("1+2=3;####3") == "3" and extract_answer("no answer") is None
 
 

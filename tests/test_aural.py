@@ -1,4 +1,4 @@
-"""AURAL-RL's concise-reasoning reward and mixed-quality group filter (rewards/aural.py)."""
+"""AURAL-RL's concise-reasoning reward and mixed-quality group filter (methods/aural/reward.py)."""
 
 import math
 
@@ -8,10 +8,10 @@ import torch
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
 from reasonrl.registry import REWARDS, SELECTORS
-from reasonrl.rewards.aural import (aural_reward, length_by_difficulty, mixed_quality, normalised_length,
+from reasonrl.methods.aural.reward import (aural_reward, length_by_difficulty, mixed_quality, normalised_length,
                                     reasoning_steps)
-from reasonrl.tasks.base import Problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import mini_recipe
@@ -108,13 +108,17 @@ def test_length_by_difficulty_by_hand():
 
 
 def test_a_short_aural_run_logs_its_filter_and_lengths(tmp_path):
+    # The shipped embedded model answers some problems right: an untrained one never does, so its
+    # groups all agree, mixed_quality keeps none of them and no step trains (or logs train/rows).
     recipe = mini_recipe(
+        model={"backend": "tiny", "tiny": {}},
         rewards=[{"name": "aural", "l_max": 8}, {"name": "exact_answer", "weight": 0.0}],
         selection=[{"name": "mixed_quality"}], train={"steps": 2, "prompts_per_step": 4, "checkpoint_every": 2,
                                                       "micro_batch_size": 8})
     Trainer(recipe, tmp_path / "run", log=lambda m: None).run()
     rows = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
     assert len(rows) == 2
+    assert any("train/rows" in row for row in rows), "no step trained on any row"
     for row in rows:
         kept = row["selection/mixed_quality/kept_fraction"]
         assert 0.0 <= kept <= 1.0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from test_trainer import run_cli
+from helpers import run_cli
 
 MINI = "model: {tiny: {hidden_size: 32, num_layers: 1, num_heads: 2, warmup_steps: 1}}\n"
 

@@ -3,19 +3,7 @@ import torch
 
 from reasonrl.batch import RolloutBatch
 
-
-def make(n, p, t, offset=0):
-    return RolloutBatch(
-        prompt_ids=torch.arange(n * p).view(n, p) + 1,
-        prompt_mask=torch.ones(n, p, dtype=torch.long),
-        completion_ids=torch.arange(n * t).view(n, t) + 1,
-        completion_mask=torch.ones(n, t, dtype=torch.long),
-        group_ids=torch.arange(n) // 2 + offset,
-        rewards=torch.arange(n, dtype=torch.float32),
-        truncated=torch.zeros(n, dtype=torch.bool),
-        policy_version=offset,
-        meta={"prompt": [f"p{i}" for i in range(n)]},
-    )
+from helpers import make
 
 
 def test_select_split_keep_rows_aligned():

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from reasonrl.algos.cero import (admission_order, admitted_count, beta_update, posterior_value, price_step,
+from reasonrl.methods.cero.maths import (admission_order, admitted_count, beta_update, posterior_value, price_step,
                                  saturating_utility, slope_step, target_exposure)
 from reasonrl.config import ConfigError
 from reasonrl.rollout import collect as collect_mod
-from reasonrl.rollout.cero import CERO, PoolSampler, finite_pool
+from reasonrl.methods.cero.sampler import CERO, PoolSampler, finite_pool
 from reasonrl.tasks.arithmetic import ArithmeticTask
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import mini_recipe, straight_and_resumed

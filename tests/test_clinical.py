@@ -11,12 +11,12 @@ import torch
 
 from helpers import MINI_TINY, mini_recipe, straight_and_resumed
 from reasonrl.config import ConfigError
-from reasonrl.rewards.clinical import (composite, concept_f1, consistency_penalty, exact_match, padding_penalty,
+from reasonrl.methods.clinical.reward import (composite, concept_f1, consistency_penalty, exact_match, padding_penalty,
                                        repeated_ngram_fraction, set_f1, token_f1)
-from reasonrl.methods.clinical_judge import ClinicalJudge, entropy_normalised_score
+from reasonrl.methods.clinical.method import ClinicalJudge, entropy_normalised_score
 from reasonrl.rewards.ontology import OntologyUnavailable, ScispacyLinker, builtin_vocabulary, term_variants
-from reasonrl.tasks.base import Problem
-from reasonrl.tasks.clinical_qa import ClinicalQATask
+from reasonrl.problem import Problem
+from reasonrl.methods.clinical.task import ClinicalQATask
 
 BUILTIN = {"vocabulary": "builtin"}
 

@@ -4,7 +4,7 @@ COPC = GAE, the ratio mask correction, and the recipe checks."""
 import pytest
 import torch
 
-from reasonrl.algos.copc import copc_traces
+from reasonrl.methods.copc.advantage import copc_traces
 from reasonrl.algos.critic import RETURNS_KEY, gae_advantages_and_returns
 from reasonrl.algos.offpolicy import ratio_mask
 from reasonrl.config import ConfigError

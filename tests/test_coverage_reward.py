@@ -1,13 +1,12 @@
-"""CARing's coverage reward (reasonrl.rewards.coverage) and the multi-label task."""
+"""CARing's coverage reward (reasonrl.methods.caring.reward) and the multi-label task."""
 
-from pathlib import Path
 
 import pytest
 import yaml
 
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.registry import REWARDS, TASKS
-from reasonrl.rewards.coverage import (
+from reasonrl.methods.caring.reward import (
     coverage,
     label_hit,
     marginal_coverage,
@@ -16,14 +15,13 @@ from reasonrl.rewards.coverage import (
     set_coverage,
 )
 from reasonrl.rewards.scorer import RewardSpec, Scorer
-from reasonrl.tasks.base import Problem
-from reasonrl.tasks.multilabel import MultiLabelTask, parse_label
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.methods.caring.task import MultiLabelTask, parse_label
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_recipe
+from helpers import MINI_TINY, RECIPES, mini_recipe
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 P = Problem(prompt="7:13,17,28,44,57,60,87,92;", answer="17,57,87", meta={"labels": ("17", "57", "87")})
 
 

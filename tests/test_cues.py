@@ -10,7 +10,7 @@ from reasonrl.evaluate.cues import Prefilled, cue_logprobs, cue_report, emission
 from reasonrl.evaluate.metrics import bootstrap_ci
 from reasonrl.evaluate.sampling_eval import evaluate_sampling
 from reasonrl.rewards.basic import exact_answer, extract_answer
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 
 def test_prefill_keeps_the_cue_in_the_parsed_output(monkeypatch):

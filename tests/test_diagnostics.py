@@ -12,7 +12,7 @@ from reasonrl.evaluate.sampling_eval import summarise
 from reasonrl.registry import REWARDS
 from reasonrl.rewards.basic import extract_answer
 from reasonrl.rewards.proxy import keyword_density
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 P = Problem(prompt="(3+4)*5;", answer="35")
 

@@ -9,7 +9,7 @@ import torch
 from reasonrl.algos.distill import (forward_kl, generalized_jsd, restrict_top_k, reverse_kl,
                                     sampled_reverse_kl_surrogate, token_divergence)
 from reasonrl.config import ConfigError
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import MINI_TINY, mini_recipe, straight_and_resumed

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from reasonrl.config import ConfigError
-from reasonrl.evaluate.drift import (drift_summary, readability, reasoning_lengths, reasoning_nll, span_mask,
+from reasonrl.methods.drift.measure import (drift_summary, readability, reasoning_lengths, reasoning_nll, span_mask,
                                      span_nll, text_reasoning_nll, truncate_reasoning)
-from reasonrl.methods.base import MethodContext
-from reasonrl.methods.drift import ReasoningDrift
+from reasonrl.hooks import MethodContext
+from reasonrl.methods.drift.method import ReasoningDrift
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
-from reasonrl.tasks.base import Problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import MINI_TINY, episode_batch, mini_policy, mini_recipe, straight_and_resumed
@@ -221,7 +221,9 @@ def test_a_run_logs_drift_on_every_other_step_and_resumes_exactly(tmp_path, monk
     rows = [r for r in straight_and_resumed(recipe, tmp_path, monkeypatch) if "reward/mean" in r]
     logged = [r["step"] for r in rows if "drift/ref_nll" in r]
     assert logged == [1, 3]  # measured on step indices 0 and 2, written in rows 1 and 3
-    assert all(math.isfinite(r["drift/ref_nll"]) and r["drift/reasoning_tokens"] > 0 for r in rows if r["step"] in logged)
+    drifted = [r for r in rows if r["step"] in logged]
+    assert drifted, "no row of a logged step"
+    assert all(math.isfinite(r["drift/ref_nll"]) and r["drift/reasoning_tokens"] > 0 for r in drifted)
 
 
 # -- the scripts --------------------------------------------------------------
@@ -240,7 +242,9 @@ def test_sft_run_measures_what_grpo_measures_and_writes_a_run_folder(tmp_path):
     logged = _script("drift_readability").curves(tmp_path / "sft")  # what the readability script reports
     assert logged["drift/ref_nll"] == {r["step"]: r["drift/ref_nll"] for r in sft if "drift/ref_nll" in r}
     assert set(logged["eval/accuracy"]) == {0, 3}
-    assert all(r["sft/loss"] > 0 for r in sft if "sft/loss" in r)
+    sft_losses = [r["sft/loss"] for r in sft if "sft/loss" in r]
+    assert sft_losses, "sft/loss was never logged"
+    assert all(loss > 0 for loss in sft_losses)
     assert json.loads((tmp_path / "sft" / "recipe.json").read_text())["loss"]["policy"] == "none"
     assert summary["base_accuracy"] is not None and (tmp_path / "sft" / "final_model").is_dir()
     problems = [Problem("(1+2)*3;", "9", "1+2=3;3*3=9;####9")]

@@ -11,9 +11,8 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from reasonrl.policy.tiny import (
-    EMBEDDED_DIR, REBUILD_COMMAND, SPEC_FILE, TinySpec, embedded_key, heldout_accuracy, load_tiny_policy,
-)
+from reasonrl.embedded import heldout_accuracy
+from reasonrl.policy.tiny import EMBEDDED_DIR, REBUILD_COMMAND, SPEC_FILE, TinySpec, embedded_key, load_tiny_policy
 
 from helpers import MINI_TINY
 
@@ -49,7 +48,9 @@ def test_default_spec_loads_the_shipped_weights_without_building(tmp_path):
     assert not cache.exists() or not any(cache.iterdir())
     shipped = load_file(str(EMBEDDED_DIR / "model.safetensors"))
     params = dict(policy.model.named_parameters())
-    assert all((params[k].detach() == v).all() for k, v in shipped.items() if k in params)
+    loaded = [(k, v) for k, v in shipped.items() if k in params]
+    assert loaded, "no shipped tensor is a parameter of the loaded model"
+    assert all((params[k].detach() == v).all() for k, v in loaded)
     # Through $REASONRL_CACHE too (no cache_dir given), as the trainer calls it.
     said.clear()
     load_tiny_policy(TinySpec(), log=said.append)

@@ -13,15 +13,15 @@ from reasonrl.envs.base import Environment, Step
 from reasonrl.envs.calculator import ArithmeticToolsTask, Calculator, evaluate_expression
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy
-from reasonrl.policy.sampling import Samples
 from reasonrl.policy.tiny import TinySpec, new_tiny_model
 from reasonrl.registry import ENVIRONMENTS
 from reasonrl.rollout.episodes import EpisodeRollout, sample_problems
-from reasonrl.tasks.base import Problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_recipe, straight_and_resumed
+from helpers import (MINI_TINY, assert_trained_ids_were_sampled, mini_recipe, scripted, spy_on_sampling,
+                     straight_and_resumed)
 
 
 def tools_policy(seed=0):
@@ -37,27 +37,6 @@ def calculator_recipe(**sections):
 
 
 # -- the layout ------------------------------------------------------------------------------
-
-def scripted(turns: list[str], tok, seen: list):
-    """A stand-in for ``sample_completions`` that writes ``turns`` in order, one per call (every
-    row the same), recording the contexts it was given."""
-    calls = iter(turns)
-
-    def sample(model, tokenizer, ids, mask, g, max_new_tokens, *args, **kwargs):
-        seen.append([row[m.bool()].tolist() for row, m in zip(ids, mask)])
-        text = next(calls)
-        t = tokenizer(text, add_special_tokens=False)["input_ids"]
-        eos = text.endswith("</s>")
-        if eos:
-            t = tokenizer(text[:-4], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        n = len(ids)
-        row = torch.tensor(t[:max_new_tokens])
-        return Samples(prompt_ids=ids, prompt_mask=mask, completion_ids=row.repeat(n, 1),
-                       completion_mask=torch.ones(n, len(row), dtype=torch.long),
-                       sample_logprobs=torch.full((n, len(row)), -0.5), truncated=torch.full((n,), False),
-                       texts=[text] * n)
-    return sample
-
 
 def test_a_three_turn_episode_has_the_hand_checked_loss_mask(monkeypatch):
     pol = tools_policy()
@@ -126,50 +105,6 @@ def merging_tokenizer():
     return tok
 
 
-def spy_on_sampling(monkeypatch) -> list:
-    """Record (context ids, drawn tokens) for every row of every turn the episode sampler samples."""
-    drawn = []
-    real = episodes.sample_completions
-
-    def spy(model, tokenizer, ids, mask, *args, **kwargs):
-        out = real(model, tokenizer, ids, mask, *args, **kwargs)
-        for row, m, c, cm in zip(ids, mask, out.completion_ids, out.completion_mask):
-            drawn.append((row[m.bool()].tolist(), c[cm.bool()].tolist()))
-        return out
-
-    monkeypatch.setattr(episodes, "sample_completions", spy)
-    return drawn
-
-
-def assert_trained_ids_were_sampled(policy, s, drawn, atol=1e-4) -> dict[str, int]:
-    """Every run of model tokens in the episodes ``s`` is what the sampler drew after exactly the
-    ids before it; teacher-forced log-probs of the batch equal the sampling log-probs there; EOS
-    only ends a row. Returns how many rows re-tokenising would have changed, and the turns seen."""
-    tok = policy.tokenizer
-    merged = turns = 0
-    for i in range(len(s.texts)):
-        m = int(s.completion_mask[i].sum())
-        prompt = s.prompt_ids[i][s.prompt_mask[i].bool()].tolist()
-        ids, loss = s.completion_ids[i, :m].tolist(), s.loss_mask[i, :m].tolist()
-        assert tok.eos_token_id not in ids[:-1] and not s.completion_mask[i, m:].any()
-        retokenised = tok(tok.decode(ids, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
-        merged += retokenised != [t for t in ids if t != tok.eos_token_id]
-        t = 0
-        while t < m:
-            if not loss[t]:
-                t += 1
-                continue
-            end = next((u for u in range(t, m) if not loss[u]), m)
-            assert ids[t:end] in [d[:end - t] for ctx, d in drawn if ctx == prompt + ids[:t]]
-            turns += 1
-            t = end
-    policy.model.eval()
-    with torch.no_grad():
-        lp = policy.completion_logprobs(s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)[0]
-    torch.testing.assert_close(lp * s.loss_mask, s.sample_logprobs, atol=atol, rtol=atol)
-    return {"merged": merged, "turns": turns}
-
-
 def test_the_trained_ids_are_the_sampled_ids_with_a_tokenizer_that_merges_across_turns(monkeypatch):
     tok = merging_tokenizer()
     assert len(tok("xy", add_special_tokens=False)["input_ids"]) == 1  # "x" + "y" is one token
@@ -231,7 +166,9 @@ def test_grpo_trains_on_episodes_and_resumes_exactly(tmp_path, monkeypatch):
     a = straight_and_resumed(recipe, tmp_path, monkeypatch)
     trained = [r for r in a if "episode/tool_calls" in r and "reward/mean" in r]
     assert len(trained) == 4 and sum(r["episode/tool_calls"] for r in trained) > 0  # the untrained model does call
-    assert all("eval/episode/turns" in r for r in a if "eval/accuracy" in r)
+    evals = [r for r in a if "eval/accuracy" in r]
+    assert evals, "eval/accuracy was never logged"
+    assert all("eval/episode/turns" in r for r in evals)
 
 
 def test_an_async_sampler_runs_episodes(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from reasonrl.config import ConfigError
 from reasonrl.evaluate.evaluator import Evaluator
 from reasonrl.evaluate.sampling_eval import stated_confidence, summarise
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer, build_task
 
 from helpers import mini_recipe

@@ -11,25 +11,23 @@ import pytest
 import torch
 
 import reasonrl.rollout.episodes as episodes
-from reasonrl.algos.necessity import channel_necessity, necessity_mask, necessity_reward
+from reasonrl.methods.omniseek.maths import channel_necessity, necessity_mask, necessity_reward
 from reasonrl.config import ConfigError, load_recipe
 from reasonrl.envs.base import Step
-from reasonrl.envs.evidence import CALL_RE, EvidenceEnv, EvidenceSeekTask, evidence_tool_use
-from reasonrl.methods.base import MethodContext
-from reasonrl.methods.necessity import NecessityReward
+from reasonrl.methods.omniseek.env import CALL_RE, EvidenceEnv, EvidenceSeekTask, evidence_tool_use
+from reasonrl.hooks import MethodContext
+from reasonrl.methods.omniseek.method import NecessityReward
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.policy.tiny import TinySpec, new_tiny_model
 from reasonrl.rewards.basic import exact_answer
 from reasonrl.rollout.episodes import EpisodeRollout, sample_problems
-from reasonrl.tasks.base import Problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, episode_batch, mini_recipe, scripted_samples
-from test_episodes import scripted
+from helpers import MINI_TINY, RECIPES, episode_batch, mini_recipe, scripted, scripted_samples
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 A, B = "0123456789" * 3, "9876543210" * 3  # streams of 30: a_i = i mod 10, b_j = 9 − j mod 10
 
 
@@ -255,7 +253,7 @@ def test_masking_a_channel_changes_the_later_log_probs_only_and_equals_deleting_
     method = necessity_method(pol)
     batch = hand_batch(pol, [("A3+B7;", EPISODE, True), ("A13+B17;", EPISODE[:2] + [("3+8=11;####11", "m")], True)])
     assert not batch.prompt_mask.all()  # left padding, where position ids come from the mask
-    compared = 0
+    compared = untouched = 0
     with torch.no_grad():
         full = method._logprobs(batch, None)
         for k in (1, 2):
@@ -265,6 +263,7 @@ def test_masking_a_channel_changes_the_later_log_probs_only_and_equals_deleting_
                 live = batch.completion_mask[r].bool()
                 if not hidden[r].any():
                     torch.testing.assert_close(masked[r], full[r], atol=1e-6, rtol=0)
+                    untouched += 1
                     continue
                 first = int(hidden[r].nonzero()[0])
                 # Token t is predicted at position t − 1: tokens up to the first hidden one see nothing hidden.
@@ -286,6 +285,7 @@ def test_masking_a_channel_changes_the_later_log_probs_only_and_equals_deleting_
                         torch.testing.assert_close(masked[r, t], want, atol=1e-5, rtol=0)
                         compared += 1
     assert compared > 20
+    assert untouched > 0, "every row had tokens of both channels: the unmasked case was never checked"
 
 
 def test_the_method_adds_the_gated_necessity_to_the_reward():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reasonrl.algos.advantages import grpo_advantages
-from reasonrl.algos.novelty import (CORRECT_KEY, NOVELTY_KEY, answer_count_novelty, filter_solutions, jaccard,
+from reasonrl.methods.expdis.advantage import (CORRECT_KEY, NOVELTY_KEY, answer_count_novelty, filter_solutions, jaccard,
                                     memory_novelty, near_duplicate_keep, ngram_similarity, ngrams,
                                     novelty_advantages)
 from reasonrl.batch import RolloutBatch
@@ -80,7 +80,7 @@ def test_novelty_advantage_without_the_memory_is_a_recipe_error():
 
 
 def test_embedding_similarity_refused_without_sentence_transformers():
-    from reasonrl.methods.novelty import embedding_available
+    from reasonrl.methods.expdis.method import embedding_available
 
     if embedding_available():
         pytest.skip("sentence_transformers is installed here")
@@ -163,8 +163,8 @@ def _scored_batch(policy, prompt, texts, correct):
 
 
 def _memory(tmp_path, name, policy, **params):
-    from reasonrl.methods.base import MethodContext
-    from reasonrl.methods.novelty import NoveltyMemory
+    from reasonrl.hooks import MethodContext
+    from reasonrl.methods.expdis.method import NoveltyMemory
 
     run = tmp_path / name
     run.mkdir()
@@ -174,7 +174,7 @@ def _memory(tmp_path, name, policy, **params):
 
 
 def test_the_shared_memory_pushes_the_second_explorers_novelty_down(tmp_path):
-    from reasonrl.methods.novelty import RECORD_FILE, read_records
+    from reasonrl.methods.expdis.method import RECORD_FILE, read_records
 
     policy = mini_policy()
     sol = ["3+4=7;7*5=35;####35", "4+3=7;5*7=35;####35"]
@@ -211,7 +211,7 @@ def test_the_shared_memory_pushes_the_second_explorers_novelty_down(tmp_path):
 
 
 def test_the_memory_resumes_exactly_and_drops_records_after_the_checkpoint(tmp_path):
-    from reasonrl.methods.novelty import RECORD_FILE, read_records
+    from reasonrl.methods.expdis.method import RECORD_FILE, read_records
 
     policy = mini_policy()
     m, run = _memory(tmp_path, "e0", policy)
@@ -219,8 +219,8 @@ def test_the_memory_resumes_exactly_and_drops_records_after_the_checkpoint(tmp_p
     state = json.loads(json.dumps(m.state_dict()))
     m.annotate(_scored_batch(policy, "p;", ["a1", "c3"], [1.0, 1.0]), 1)  # lost in the "crash"
     assert len(read_records(run / RECORD_FILE)) == 3
-    from reasonrl.methods.base import MethodContext
-    from reasonrl.methods.novelty import NoveltyMemory
+    from reasonrl.hooks import MethodContext
+    from reasonrl.methods.expdis.method import NoveltyMemory
 
     resumed = NoveltyMemory()
     resumed.setup(MethodContext(recipe=mini_recipe(), policy=policy, run_dir=run, log=lambda s: None))
@@ -262,7 +262,7 @@ def _weights(path):
 
 
 def test_the_loop_runs_end_to_end_and_resumes_exactly_after_a_crash_in_an_explorer(tmp_path, monkeypatch):
-    from reasonrl.loops.expdis import STATE_FILE, ExpDisLoop, saved_recipe
+    from reasonrl.methods.expdis.loop import STATE_FILE, ExpDisLoop, saved_recipe
     from reasonrl.train.trainer import Trainer
 
     recipe = loop_recipe()

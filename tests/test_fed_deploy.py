@@ -101,15 +101,15 @@ def test_app_project_carries_the_recipe_and_the_client_its_index(tmp_path):
     import tomllib
 
     from reasonrl.config import load_recipe
-    from reasonrl.fed.deploy import app_project, supernode_command
+    from reasonrl.methods.fed_grpo.deploy import app_project, supernode_command
 
     recipe = load_recipe(ROOT / "recipes" / "fed_grpo.yaml", ['log.experiment=a "quoted" \\ name'])
     folder = app_project(tmp_path / "app", recipe, tmp_path / "out")
     assert [p.name for p in folder.iterdir()] == ["pyproject.toml"]  # nothing else goes into the bundle
     config = tomllib.loads((folder / "pyproject.toml").read_text())
     flwr = config["tool"]["flwr"]
-    assert flwr["app"]["components"] == {"serverapp": "reasonrl.fed.apps:server_app",
-                                         "clientapp": "reasonrl.fed.apps:client_app"}
+    assert flwr["app"]["components"] == {"serverapp": "reasonrl.methods.fed_grpo.apps:server_app",
+                                         "clientapp": "reasonrl.methods.fed_grpo.apps:client_app"}
     assert json.loads(flwr["app"]["config"]["recipe-json"]) == recipe.to_dict()
     assert flwr["app"]["config"]["out"] == str((tmp_path / "out").resolve())
     cmd = supernode_command(2, "10.0.0.1:9092", tmp_path / "c2")
@@ -146,7 +146,7 @@ def test_bad_arguments_exit_2_before_anything_starts(args, message, tmp_path, ca
 def test_fed_client_restarts_its_supernode_and_gives_up_on_quick_exits(tmp_path, monkeypatch):
     """A SuperNode that exits after serving a while (its SuperLink restarted and forgot it) is
     started again; three exits within RESTART_MIN_UPTIME_S of starting end fed-client with the code."""
-    from reasonrl.fed import deploy
+    from reasonrl.methods.fed_grpo import deploy
 
     runs = tmp_path / "runs"
     script = (f"import pathlib, sys, time; p = pathlib.Path({str(runs)!r}); n = len(p.read_text()) if p.exists() "
@@ -163,7 +163,7 @@ def test_fed_client_restarts_its_supernode_and_gives_up_on_quick_exits(tmp_path,
 def test_a_flower_process_dies_with_the_command_that_started_it(tmp_path):
     """fed-server/fed-client killed with SIGKILL (no chance to stop what they started): the
     kernel sends their Flower process SIGTERM (Linux's parent-death signal), nothing is orphaned."""
-    code = ("import os, sys, time; from reasonrl.fed.deploy import _start; "
+    code = ("import os, sys, time; from reasonrl.methods.fed_grpo.deploy import _start; "
             "p = _start([sys.executable, '-c', 'import time; time.sleep(60)'], dict(os.environ)); "
             "print(p.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from reasonrl.algos.federated import (aggregation_weights, block_budgets, block_informativeness, calibration_weights,
+from reasonrl.methods.fed_grpo.maths import (aggregation_weights, block_budgets, block_informativeness, calibration_weights,
                                       client_signal, payload_bytes, topk_error_feedback, update_reward_ema)
 from reasonrl.config import load_recipe
-from reasonrl.fed.codec import Layout, decode, encode
-from reasonrl.tasks.base import Problem
+from reasonrl.methods.fed_grpo.codec import Layout, decode, encode
+from reasonrl.problem import Problem
 
 from helpers import MINI_TINY, flower_replies
 
@@ -91,7 +91,7 @@ def test_codec_payload_bytes_and_round_trip():
 
 
 def test_non_iid_split_gives_each_client_mostly_its_forms():
-    from reasonrl.fed.split import NonIIDSplit, solution_steps
+    from reasonrl.methods.fed_grpo.sampler import NonIIDSplit, solution_steps
     from reasonrl.tasks.arithmetic import ArithmeticTask
 
     groups = [["a+b*c"], ["c*b+a"], ["(a+b)*c", "c*(a+b)"]]
@@ -109,7 +109,7 @@ def test_non_iid_split_gives_each_client_mostly_its_forms():
 
 def test_client_method_weights_each_prompt_by_its_gap():
     from reasonrl.batch import RolloutBatch
-    from reasonrl.fed.method import FedGRPOClient
+    from reasonrl.methods.fed_grpo.method import FedGRPOClient
 
     m = FedGRPOClient(beta=1.0)
     m.begin_round(0.5)
@@ -129,7 +129,7 @@ def test_client_method_weights_each_prompt_by_its_gap():
 
 def test_a_client_state_of_another_federation_is_refused(tmp_path):
     from reasonrl.config import recipe_from_dict
-    from reasonrl.fed.client import FedClient
+    from reasonrl.methods.fed_grpo.client import FedClient
 
     recipe = _fed_recipe(ROOT / "recipes" / "fed_grpo.yaml", tmp_path)
     client = FedClient(recipe, 0, tmp_path / "c0")
@@ -147,9 +147,9 @@ def test_fedavg_settings_are_flowers_fedavg(monkeypatch):
     from flwr.app import ArrayRecord, MetricRecord, RecordDict
     from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-    from reasonrl.fed.apps import reply_content
-    from reasonrl.fed.client import RoundResult
-    from reasonrl.fed.strategy import FedGRPOStrategy
+    from reasonrl.methods.fed_grpo.apps import reply_content
+    from reasonrl.methods.fed_grpo.client import RoundResult
+    from reasonrl.methods.fed_grpo.strategy import FedGRPOStrategy
 
     g = {"w": torch.tensor([1.0, 2.0, 3.0])}
     locals_ = [torch.tensor([2.0, 2.0, 0.0]), torch.tensor([1.0, 5.0, 3.0])]
@@ -208,8 +208,8 @@ def test_flower_simulation_three_clients_two_rounds(tmp_path, no_ray_left, monke
     from safetensors.torch import load_file
 
     from reasonrl.cli import main
-    from reasonrl.fed.apps import simulate
-    from reasonrl.fed.strategy import REPORT_KEYS
+    from reasonrl.methods.fed_grpo.apps import simulate
+    from reasonrl.methods.fed_grpo.strategy import REPORT_KEYS
 
     recipe = _fed_recipe(ROOT / "recipes" / "fed_grpo.yaml", tmp_path)
     received = []
@@ -242,7 +242,7 @@ def test_flower_simulation_three_clients_two_rounds(tmp_path, no_ray_left, monke
     # The same federation killed in round 2 after every client trained it (their states hold
     # round 2), then `--resume`d: the server repeats round 2, each client from its round-1 state,
     # and every logged number and the final weights equal the uninterrupted run's.
-    from reasonrl.fed.strategy import FedGRPOStrategy
+    from reasonrl.methods.fed_grpo.strategy import FedGRPOStrategy
 
     crashed = tmp_path / "crashed"
     original = FedGRPOStrategy.aggregate_train
@@ -280,7 +280,7 @@ def test_a_failing_client_does_not_stall_the_server(tmp_path, no_ray_left):
     pytest.importorskip("flwr")
     from flwr.clientapp import ClientApp
 
-    from reasonrl.fed.apps import client_train, simulate
+    from reasonrl.methods.fed_grpo.apps import client_train, simulate
 
     recipe = _fed_recipe(ROOT / "recipes" / "fed_avg.yaml", tmp_path)
     raw, out = recipe.to_dict(), (tmp_path / "fed").resolve()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reasonrl.config import load_recipe, recipe_from_dict
-from reasonrl.fed.codec import Layout, decode
+from reasonrl.methods.fed_grpo.codec import Layout, decode
 
 from helpers import MINI_TINY, flower_replies
 
@@ -29,9 +29,9 @@ def one_round(recipe, client_dir, monkeypatch, global_weights=None):
     alone by the strategy; returns (client, global, update, the server's new weights, metrics)."""
     from flwr.app import ArrayRecord
 
-    from reasonrl.fed.apps import reply_content
-    from reasonrl.fed.client import FedClient, fed_settings
-    from reasonrl.fed.strategy import FedGRPOStrategy
+    from reasonrl.methods.fed_grpo.apps import reply_content
+    from reasonrl.methods.fed_grpo.client import FedClient, fed_settings
+    from reasonrl.methods.fed_grpo.strategy import FedGRPOStrategy
 
     client = FedClient(recipe, 0, client_dir)
     glob = global_weights if global_weights is not None else client.trainer.policy.weights()
@@ -74,7 +74,9 @@ def test_lora_federation_sends_only_adapters(tmp_path, monkeypatch):
     client, glob, update, new, metrics = one_round(recipe, tmp_path / "c0", monkeypatch, server.weights())
     check_adapter_round(server.model, client, glob, update, new, metrics, kappa=8)
     server.set_weights(new)  # the new global adapters fit the server's model
-    assert all(torch.equal(p, base[n]) for n, p in server.model.named_parameters() if "lora_" not in n)
+    frozen = [(n, p) for n, p in server.model.named_parameters() if "lora_" not in n]
+    assert frozen, "the server's model has no base weights"
+    assert all(torch.equal(p, base[n]) for n, p in frozen)
     assert all(torch.equal(t, new[n]) for n, t in server.weights().items())
 
 
@@ -83,7 +85,7 @@ def test_gsm8k_smollm2_recipe_one_client_round(tmp_path, monkeypatch):
     """recipes/fed_grpo_gsm8k_smollm2.yaml, shrunk: client 0 of the solution-length split on a
     real tokenizer, one local step, its r-16 adapters compressed 32x."""
     pytest.importorskip("gguf", reason="needs the smollm2 extra")
-    from reasonrl.fed.split import solution_steps
+    from reasonrl.methods.fed_grpo.sampler import solution_steps
 
     recipe = fed_recipe(ROOT / "recipes" / "fed_grpo_gsm8k_smollm2.yaml",
                         ["train.prompts_per_step=5", "rollout.num_generations=2", "rollout.max_new_tokens=8",

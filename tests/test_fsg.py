@@ -3,33 +3,26 @@ function_graph task, span parsing, the verifier's scores and R / R_n by hand (de
 span map, containment of hostile code, the recipes."""
 
 import string
-from pathlib import Path
 
 import pytest
 import torch
 
-from reasonrl.algos.fsg import SPAN_IDS_KEY, SPAN_REWARDS_KEY, fsg_span
-from reasonrl.batch import RolloutBatch
+from reasonrl.methods.fsg.advantage import SPAN_IDS_KEY, SPAN_REWARDS_KEY, fsg_span
 from reasonrl.config import load_recipe
-from reasonrl.methods.fsg import FSGVerifier, consensus
+from reasonrl.methods.fsg.method import FSGVerifier, consensus
 from reasonrl.params import ConfigError
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.registry import REWARDS
-from reasonrl.rewards.fsg_exec import verify
-from reasonrl.rewards.fsg_parse import code_policy_violation, parse_completion, signature_matches, stated_answer
-from reasonrl.rewards.sandbox import SandboxPool
-from reasonrl.tasks.function_graph import ALPHABET, KINDS, FunctionGraphTask, build_problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.methods.fsg.execute import verify
+from reasonrl.methods.fsg.parse import code_policy_violation, parse_completion, signature_matches, stated_answer
+from reasonrl.isolation.sandbox import SandboxPool
+from reasonrl.methods.fsg.task import ALPHABET, KINDS, FunctionGraphTask, build_problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY
+from helpers import (BAD_TAG, IDS, MINI_TINY, PENS, RECIPES, RIGHT, WRONG_F2, FSGPolicy, fsg_batch,
+                     fsg_scripted_samples)
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-PENS = build_problem(KINDS["pens"], {"a": 3, "b": 4, "c": 5})  # 3 boxes of 4 pens, 5 lost: 7 left
-IDS = ["main", "f1", "f2"]
-RIGHT = "<main>def main():return f2(f1(3,4),5)#12;7</main><f1>def f1(a,b):return a*b</f1><f2>def f2(x,c):return x-c</f2>"
-WRONG_F2 = RIGHT.replace("x-c", "x+c").replace("#12;7", "#12;17")  # the careless solution: consistent, wrong
-BAD_TAG = RIGHT.replace("</main>", "</mian>")
 MISSING_F2 = "<main>def main():return f2(f1(3,4),5)#12;7</main><f1>def f1(a,b):return a*b</f1>"
 HOSTILE = RIGHT.replace("return a*b", "import os;os.system('touch /tmp/x');return a*b")
 
@@ -53,10 +46,13 @@ def test_the_task_problems_are_consistent_and_reference_solutions_pass_their_own
         verdicts = verify([p.solution for p in problems] + [c.solution for c in careless], problems + problems, pool=pool)
     for v in verdicts[:len(problems)]:
         assert v.full_success and v.executable and v.back == 1.0 and not v.sandbox_failed
+    mistaken = 0
     for v, c, p in zip(verdicts[len(problems):], careless, problems):
         if c.solution == p.solution:
             continue  # this problem's mistake had no natural value: the warm-up writes it correctly
+        mistaken += 1
         assert v.fmt == 1.0 and v.executable and v.back == 1.0 and v.final == 0.0 and min(v.unit) < 1.0
+    assert mistaken > 0, "no careless solution differs from the reference: the verdicts on mistakes went unchecked"
 
 
 def test_the_warmup_mixes_in_careless_solutions_and_rejects_bad_settings():
@@ -183,30 +179,11 @@ def test_consensus_is_the_groups_agreement_per_node():
     assert got[:3] == pytest.approx([(1 + 2 / 3 + 2 / 3) / 3] * 2 + [(1 + 1 / 3 + 1 / 3) / 3]) and got[3] == 1.0
 
 
-def _batch(tok, problem, completions, groups):
-    ids = [tok(c)["input_ids"] + [tok.eos_token_id] for c in completions]
-    width = max(map(len, ids))
-    comp = torch.full((len(ids), width), tok.pad_token_id)
-    mask = torch.zeros(len(ids), width, dtype=torch.long)
-    for i, row in enumerate(ids):
-        comp[i, :len(row)], mask[i, :len(row)] = torch.tensor(row), 1
-    prompt = torch.tensor([tok(problem.prompt)["input_ids"]] * len(ids))
-    return RolloutBatch(prompt_ids=prompt, prompt_mask=torch.ones_like(prompt), completion_ids=comp,
-                        completion_mask=mask, group_ids=torch.tensor(groups), rewards=torch.full((len(ids),), 9.0),
-                        truncated=torch.zeros(len(ids), dtype=torch.bool),
-                        meta={"completion": completions, "problem": [problem] * len(ids)})
-
-
-class _Policy:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-
 def test_annotate_writes_r_the_span_rewards_and_the_span_map():
     tok = build_char_tokenizer(ALPHABET)
-    batch = _batch(tok, PENS, [RIGHT, WRONG_F2, "junk"], [0, 0, 0])
+    batch = fsg_batch(tok, PENS, [RIGHT, WRONG_F2, "junk"], [0, 0, 0])
     method = FSGVerifier()
-    method.setup(type("Ctx", (), {"policy": _Policy(tok)})())
+    method.setup(type("Ctx", (), {"policy": FSGPolicy(tok)})())
     metrics = method.annotate(batch, 0)
     torch.testing.assert_close(batch.rewards, torch.tensor([4.3, 1.325, 0.0]))  # replaces the recipe's rewards
     assert batch.aux[SPAN_REWARDS_KEY].shape == (3, 3)
@@ -225,7 +202,7 @@ def test_annotate_writes_r_the_span_rewards_and_the_span_map():
     r_f2 = batch.aux[SPAN_REWARDS_KEY][:, 2]
     assert adv[0, f2.start].item() == pytest.approx(((r_f2[0] - r_f2.mean()) / r_f2.std(unbiased=False)).item(), rel=1e-5)
     keep = FSGVerifier(reward="add", span_map=False)
-    batch = _batch(tok, PENS, [RIGHT], [0])
+    batch = fsg_batch(tok, PENS, [RIGHT], [0])
     keep.annotate(batch, 0)
     assert batch.rewards.item() == pytest.approx(9.0 + 4.3) and not batch.aux
 
@@ -250,35 +227,9 @@ def test_the_data_flow_checks_the_verifier_and_the_span_advantage():
         load_recipe(RECIPES / "fsg_rl.yaml", ["methods=[{name: fsg_verifier, lambda_final: -1}]"])
 
 
-def _scripted_samples(monkeypatch):
-    """Sampling returns the reference solution for even rows and the careless one for odd rows,
-    so two steps on a mini model exercise the sandbox, the span map and the span advantage."""
-    from reasonrl.rollout import collect
-
-    original = collect.sample_problems
-
-    def scripted(policy, problems, g, *args, **kwargs):
-        s = original(policy, problems, g, *args, **kwargs)
-        tok = policy.tokenizer
-        texts = [p.solution if i % 2 == 0 else build_problem(KINDS[p.meta["form"]], p.meta["values"], careless=True).solution
-                 for p in problems for i in range(g)]
-        ids = [tok(t)["input_ids"] + [tok.eos_token_id] for t in texts]
-        width = max(map(len, ids))
-        s.completion_ids = torch.full((len(ids), width), tok.pad_token_id)
-        s.completion_mask = torch.zeros(len(ids), width, dtype=torch.long)
-        for i, row in enumerate(ids):
-            s.completion_ids[i, :len(row)], s.completion_mask[i, :len(row)] = torch.tensor(row), 1
-        s.sample_logprobs = torch.zeros(len(ids), width)
-        s.truncated = torch.zeros(len(ids), dtype=torch.bool)
-        s.texts = texts
-        return s
-
-    monkeypatch.setattr(collect, "sample_problems", scripted)
-
-
 @pytest.mark.parametrize("name", ["fsg_rl", "fsg_grpo"])
 def test_each_recipe_trains_end_to_end_on_a_mini_model(name, tmp_path, monkeypatch):
-    _scripted_samples(monkeypatch)
+    fsg_scripted_samples(monkeypatch)
     overrides = [f"model.tiny.{k}={v}" for k, v in MINI_TINY.items()]
     overrides += ["train.steps=2", "train.prompts_per_step=2", "rollout.num_generations=4", "eval.size=2",
                   "eval.max_new_tokens=8", "log.plots=false", "log.progress=false"]
@@ -302,8 +253,8 @@ def test_the_recipes_share_the_task_model_and_budget():
 def test_model_written_codes_syntax_warnings_stay_off_the_runs_stderr():
     import warnings
 
-    from reasonrl.rewards.fsg_exec import runnable_spans
-    from reasonrl.rewards.fsg_parse import code_policy_violation, parse_completion, signature_matches
+    from reasonrl.methods.fsg.execute import runnable_spans
+    from reasonrl.methods.fsg.parse import code_policy_violation, parse_completion, signature_matches
 
     code = "def f1(a,b):return 1(a)"  # valid syntax that Python warns about ('int' is not callable)
     with warnings.catch_warnings(record=True) as caught:

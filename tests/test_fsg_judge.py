@@ -1,4 +1,4 @@
-"""FSG-RL's teacher group judge (``fsg_verifier``'s ``teacher``; rewards/fsg_judge.py): λ_teach·t in R
+"""FSG-RL's teacher group judge (``fsg_verifier``'s ``teacher``; methods/fsg/judge.py): λ_teach·t in R
 and λ_teach·t_n in R_n by hand, the seed of (step, row), failing judges, the ``reference`` judge's
 differential tests in the sandbox, the ``openai_chat`` judge against a local stub, recipe errors."""
 
@@ -9,23 +9,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reasonrl.algos.fsg import SPAN_REWARDS_KEY
+from reasonrl.methods.fsg.advantage import SPAN_REWARDS_KEY
 from reasonrl.config import load_recipe
-from reasonrl.methods.fsg import FSGVerifier
+from reasonrl.methods.fsg.method import FSGVerifier
 from reasonrl.params import ConfigError
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
-from reasonrl.registry import FSG_JUDGES
-from reasonrl.rewards.fsg_exec import verify
-from reasonrl.rewards.fsg_judge import (FSGJudge, FSGJudgeError, Judgment, OpenAIChatJudge, ReferenceJudge,
+from reasonrl.methods.fsg.judge import FSG_JUDGES
+from reasonrl.methods.fsg.execute import verify
+from reasonrl.methods.fsg.judge import (FSGJudge, FSGJudgeError, Judgment, OpenAIChatJudge, ReferenceJudge,
                                         parse_reply)
-from reasonrl.rewards.fsg_parse import parse_completion
-from reasonrl.tasks.function_graph import ALPHABET, KINDS, FunctionGraphTask, build_problem
-from reasonrl.train.metrics import read_metrics
+from reasonrl.methods.fsg.parse import parse_completion
+from reasonrl.methods.fsg.task import ALPHABET, KINDS, FunctionGraphTask, build_problem
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from test_advisor import Stub
-from helpers import MINI_TINY
-from test_fsg import BAD_TAG, IDS, PENS, RECIPES, RIGHT, WRONG_F2, _batch, _Policy, _scripted_samples
+from helpers import (BAD_TAG, IDS, MINI_TINY, PENS, RECIPES, RIGHT, WRONG_F2, FSGPolicy, Stub, fsg_batch,
+                     fsg_scripted_samples)
 
 
 class Fixed(FSGJudge):
@@ -47,7 +46,7 @@ LOG: list[str] = []
 
 def _verifier(**kwargs):
     method = FSGVerifier(**kwargs)
-    method.setup(SimpleNamespace(policy=_Policy(build_char_tokenizer(ALPHABET)), recipe=None, log=LOG.append))
+    method.setup(SimpleNamespace(policy=FSGPolicy(build_char_tokenizer(ALPHABET)), recipe=None, log=LOG.append))
     return method
 
 
@@ -55,7 +54,7 @@ def test_the_teachers_scores_enter_r_and_r_n_by_hand():
     Fixed.answer = [Judgment(0.8, {"main": 1.0, "f1": 0.5}), Judgment(0.2), Judgment(1.0, {"f2": 0.0})]
     Fixed.calls = []
     method = _verifier(teacher="fixed_test")  # λ_teach = 0.25, the reference's teacher runs
-    batch = _batch(method.tokenizer, PENS, [RIGHT, WRONG_F2, BAD_TAG], [0, 0, 0])
+    batch = fsg_batch(method.tokenizer, PENS, [RIGHT, WRONG_F2, BAD_TAG], [0, 0, 0])
     metrics = method.annotate(batch, 3)
     # Without the teacher R = [4.3, 1.325, 0] (test_fsg); R gains F·0.25·t: 0.25·0.8, 0.25·0.2, and 0 (F = 0).
     torch.testing.assert_close(batch.rewards, torch.tensor([4.5, 1.375, 0.0]))
@@ -68,12 +67,12 @@ def test_the_teachers_scores_enter_r_and_r_n_by_hand():
     assert 0.0 <= metrics["fsg/teacher_s"] <= metrics["fsg/verify_s"]
     # One call for the group, seeded from (run seed 0, step 3, the group's first row 0): the same on a rerun.
     assert Fixed.calls == [(zlib.crc32(b"0:3:0"), [RIGHT, WRONG_F2, BAD_TAG])]
-    method.annotate(_batch(method.tokenizer, PENS, [RIGHT, WRONG_F2, BAD_TAG], [0, 0, 0]), 3)
-    method.annotate(_batch(method.tokenizer, PENS, [RIGHT, RIGHT, WRONG_F2], [5, 5, 6]), 4)
+    method.annotate(fsg_batch(method.tokenizer, PENS, [RIGHT, WRONG_F2, BAD_TAG], [0, 0, 0]), 3)
+    method.annotate(fsg_batch(method.tokenizer, PENS, [RIGHT, RIGHT, WRONG_F2], [5, 5, 6]), 4)
     assert [seed for seed, _ in Fixed.calls] == [zlib.crc32(b"0:3:0")] * 2 + [zlib.crc32(b"0:4:0"),
                                                                              zlib.crc32(b"0:4:2")]
     assert Fixed.calls[-1][1] == [WRONG_F2]  # the second group alone
-    assert "fsg/teacher" not in _verifier().annotate(_batch(method.tokenizer, PENS, [RIGHT], [0]), 0)
+    assert "fsg/teacher" not in _verifier().annotate(fsg_batch(method.tokenizer, PENS, [RIGHT], [0]), 0)
 
 
 def test_a_failing_judge_zeroes_its_group_or_stops_the_run():
@@ -94,7 +93,7 @@ def test_a_failing_judge_zeroes_its_group_or_stops_the_run():
 
 def test_a_judge_of_ones_own_file(tmp_path):
     (tmp_path / "judge.py").write_text(
-        "from reasonrl.rewards.fsg_judge import Judgment\n"
+        "from reasonrl.methods.fsg.judge import Judgment\n"
         "class Half:\n"
         "    def __init__(self, score=0.5):\n"
         "        self.score = score\n"
@@ -115,7 +114,9 @@ def test_the_reference_judge_scores_reference_solutions_1_and_careless_nodes_les
         right, wrong = judge.judge(problem, group, [parse_completion(c, ids) for c in group], None, seed=7)
         assert right == Judgment(1.0, {i: 1.0 for i in ids})
         bad = f"f{KINDS[kind].careless[0] + 1}"  # the helper with the wrong operator; main's code is still right
-        assert wrong.nodes[bad] < 1.0 and all(wrong.nodes[i] == 1.0 for i in ids if i != bad)
+        right_nodes = [i for i in ids if i != bad]
+        assert right_nodes, ids
+        assert wrong.nodes[bad] < 1.0 and all(wrong.nodes[i] == 1.0 for i in right_nodes)
         assert wrong.score == pytest.approx(sum(wrong.nodes.values()) / len(ids)) and wrong.score < 1.0
     # main is tested against the reference helpers, scaled and shifted at random: a commutative argument
     # swap agrees, a miscopied number and a hard-coded answer do not; refused or missing code scores 0.
@@ -132,7 +133,7 @@ def test_the_reference_judge_scores_reference_solutions_1_and_careless_nodes_les
 
 def test_fsg_verifier_with_the_reference_judge_by_hand():
     method = _verifier(teacher="reference", teacher_params={"inputs": 4})
-    batch = _batch(method.tokenizer, PENS, [RIGHT, WRONG_F2], [0, 0])
+    batch = fsg_batch(method.tokenizer, PENS, [RIGHT, WRONG_F2], [0, 0])
     metrics = method.annotate(batch, 0)
     # RIGHT: t = 1. WRONG_F2: f2 = x+c disagrees with x-c on every draw (c >= 1): t_n = (1, 1, 0), t = 2/3.
     torch.testing.assert_close(batch.rewards, torch.tensor([4.3 + 0.25, 1.325 + 0.25 * 2 / 3]))
@@ -237,7 +238,7 @@ def test_a_teacher_recipe_loads():
 
 
 def test_the_recipe_trains_with_the_reference_teacher(tmp_path, monkeypatch):
-    _scripted_samples(monkeypatch)  # even rows: the reference solution; odd rows: the careless one
+    fsg_scripted_samples(monkeypatch)  # even rows: the reference solution; odd rows: the careless one
     line = {"name": "fsg_verifier", "teacher": "reference", "teacher_params": {"inputs": 2}}
     overrides = [f"model.tiny.{k}={v}" for k, v in MINI_TINY.items()] + [
         f"methods=[{json.dumps(line)}]", "train.steps=2", "train.prompts_per_step=2", "rollout.num_generations=2",

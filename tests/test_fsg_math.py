@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from reasonrl.algos.fsg import FSGWeights, fsg_span, fsg_span_rewards, fsg_total_reward, group_normalize, span_advantages
+from reasonrl.methods.fsg.advantage import FSGWeights, fsg_span, fsg_span_rewards, fsg_total_reward, group_normalize, span_advantages
 
 W = FSGWeights()  # the reference's main config
 t = torch.tensor

@@ -99,7 +99,7 @@ def test_recipe_key_reaches_the_sampler_and_its_bf16_copy():
 def test_a_fused_bf16_run_trains_and_resumes_exactly(tmp_path, monkeypatch):
     """The recipe key reaches the trainer's sampler (a bf16 copy, so the behaviour policy is
     explicit) and a crash + resume in this mode equals the straight run."""
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.metrics_log import read_metrics
     from reasonrl.train.trainer import Trainer
     from safetensors.torch import load_file
 

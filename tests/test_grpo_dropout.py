@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 
-from reasonrl.algos import dropout as gd
+from reasonrl.methods.grpo_dropout import stages as gd
 from reasonrl.algos.advantages import grpo_advantages
 from reasonrl.batch import RolloutBatch
 from reasonrl.registry import ADVANTAGES, SELECTORS
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import mini_recipe
@@ -147,6 +147,7 @@ def test_all_zero_groups_keep_a_seeded_random_subset():
 @pytest.mark.parametrize("variant", gd.VARIANTS)
 def test_kept_push_sum_positive_whenever_a_positive_push_exists(variant):
     gen = torch.Generator().manual_seed(0)
+    positive = greedy = 0
     for _ in range(300):
         g = int(torch.randint(2, 11, (1,), generator=gen))
         push = torch.randn(g, generator=gen, dtype=torch.float64)
@@ -159,11 +160,15 @@ def test_kept_push_sum_positive_whenever_a_positive_push_exists(variant):
         assert kept.numel() >= 1 and kept.tolist() == sorted(set(kept.tolist()))
         if (push > 0).any():
             assert float(push[kept].sum()) > 0
+            positive += 1
         if variant == "balance" and (push > 0).any() and (push < 0).any():
             # Smallest positive sum reachable greedily: the best dropped negative would break it.
             dropped_neg = [float(push[i]) for i in range(g) if i not in kept.tolist() and push[i] < 0]
             if dropped_neg:
                 assert float(push[kept].sum()) + max(dropped_neg) <= 1e-12
+                greedy += 1
+    assert positive > 0, "no draw had a positive push"
+    assert variant != "balance" or greedy > 0, "no draw dropped a negative push: the greedy bound went unchecked"
 
 
 def test_weighted_recentring_modes_by_hand():

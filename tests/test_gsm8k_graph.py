@@ -9,10 +9,10 @@ import pytest
 
 from reasonrl.config import load_recipe
 from reasonrl.registry import REWARDS, TASKS
-from reasonrl.rewards.fsg_exec import verify
-from reasonrl.rewards.fsg_parse import parse_completion
-from reasonrl.rewards.sandbox import SandboxPool
-from reasonrl.tasks.gsm8k_graph import GSM8KGraphTask, Unusable, derive_problem
+from reasonrl.methods.fsg.execute import verify
+from reasonrl.methods.fsg.parse import parse_completion
+from reasonrl.isolation.sandbox import SandboxPool
+from reasonrl.methods.fsg.gsm8k_task import GSM8KGraphTask, Unusable, derive_problem
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 needs_gsm8k = pytest.mark.skipif(not (GSM8K / "train.jsonl").is_file(), reason=f"no GSM8K data at {GSM8K}")

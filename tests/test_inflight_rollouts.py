@@ -167,7 +167,7 @@ def test_the_async_worker_holds_new_weights_back_until_the_switch(check):
 
 
 def test_an_async_run_with_rollverify_trains_every_step_within_the_bound(tmp_path):
-    from reasonrl.train.metrics import read_metrics
+    from reasonrl.metrics_log import read_metrics
     from reasonrl.train.trainer import Trainer
 
     r = mini_recipe(model={"backend": "tiny", "tiny": {}}, optim={"lr": 1e-3}, train={"steps": 6, "threads": 1},

@@ -9,17 +9,17 @@ import math
 import pytest
 import torch
 
-from reasonrl.algos import logra as L
+from reasonrl.methods.logra import maths as L
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
-from reasonrl.train.logra import LoGRALearner, _eager_attention, apply_lowrank_updates, lowrank_payload_bytes
-from reasonrl.train.metrics import read_metrics
+from reasonrl.methods.logra.optimizer import LoGRALearner, _eager_attention
+from reasonrl.policy.lowrank import apply_lowrank_updates, lowrank_payload_bytes
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.optim import Learner, build_learner
 from reasonrl.train.trainer import Trainer
 
-from helpers import mini_policy, mini_recipe, straight_and_resumed
+from helpers import QUIET, mini_policy, mini_recipe, straight_and_resumed
 
-QUIET = {"log": lambda m: None}
 LOGRA = {"name": "logra", "params": {"rank": 8, "update_ratio": 1e-3, "measure_kl": True}}
 PROXY = [{"name": "proxy_length_keyword", "max_len": 24}]  # rewards that differ inside groups of an untrained model
 

@@ -24,9 +24,9 @@ from reasonrl.rewards import math as math_reward
 from reasonrl.rewards.math import (VerifierTimeout, answers_equivalent, extract_prediction,
                                    math_verify_reward)
 from reasonrl.rewards.scorer import RewardSpec, Scorer
-from reasonrl.rewards import timeout as timeout_module
-from reasonrl.rewards.timeout import CallResult, Status, TimeoutRunner, run_with_timeout
-from reasonrl.tasks.base import Problem
+from reasonrl.isolation import timeout as timeout_module
+from reasonrl.isolation.timeout import CallResult, Status, TimeoutRunner, run_with_timeout
+from reasonrl.problem import Problem
 
 HAS_MATH_VERIFY = math_reward.importlib.util.find_spec("math_verify") is not None
 # The dev extra installs math-verify: in CI these run; the skip is for partial installs only.

@@ -1,19 +1,21 @@
 """The method hooks, declared batch keys, plugin optimisers and losses, the loss mask."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from reasonrl.algos.advantages import grpo_advantages
 from reasonrl.config import ConfigError, LossConfig
 from reasonrl.dataflow import declares
-from reasonrl.methods.base import Method
+from reasonrl.hooks import Method, build_methods
+from reasonrl.params import Component
 from reasonrl.registry import ADVANTAGES, METHODS
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.objective import Totals, micro_batch_loss
 from reasonrl.train.trainer import Trainer, outcome_token_rewards
 
-from helpers import MINI_TINY, crash_at_step, mini_policy, mini_recipe
-from test_trainer import comparable, weights
+from helpers import MINI_TINY, comparable, crash_at_step, mini_policy, mini_recipe, weights
 
 BONUS = "toy_bonus"
 
@@ -51,10 +53,7 @@ class ToyMethod(Method):
 
         self.learner.optimise(batch, loss_fn, micro_batch_size=5)
         self.steps += 1
-        return {"toy/baseline": float(self.baseline)}
-
-    def metrics(self):
-        return {"toy/steps": self.steps}
+        return {"toy/baseline": float(self.baseline), "toy/steps": self.steps}
 
     def state_dict(self):
         return {"generator": self.generator.get_state(), "baseline": self.baseline.detach().clone(),
@@ -260,3 +259,16 @@ def test_loss_mask_excludes_tokens_from_the_loss_but_not_from_attention():
     later = batch.completion_mask.bool().clone()
     later[:, :5] = False
     assert not torch.allclose(alt[later], logp.detach()[later])
+
+
+def test_a_method_still_defining_the_folded_metrics_hook_is_refused():
+    """``metrics()`` was folded into ``after_update``: a method that still defines it would lose its
+    metrics silently, so building it fails and says where they go now."""
+    @METHODS.register("old_metrics_hook")
+    class Old(Method):
+        def metrics(self):
+            return {"old/x": 1.0}
+
+    with pytest.raises(TypeError, match="after_update"):
+        build_methods(SimpleNamespace(methods=[Component("old_metrics_hook")]))
+    assert build_methods(SimpleNamespace(methods=[])) == []

@@ -20,40 +20,15 @@ import torch
 from reasonrl.algos.advantages import grpo_advantages, rloo_advantages
 from reasonrl.algos.losses import AGG_MODES
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import KLConfig, LossConfig, OptimConfig
-from reasonrl.methods.base import Method
+from reasonrl.config import OptimConfig
+from reasonrl.hooks import Method
 from reasonrl.registry import METHODS
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.objective import batch_logprobs, micro_batch_loss, reduce_stats, totals
+from reasonrl.metrics_log import read_metrics
+from reasonrl.train.objective import batch_logprobs, reduce_stats, totals
 from reasonrl.train.optim import Learner
 from reasonrl.train.trainer import Trainer, outcome_token_rewards
 
-from helpers import mini_recipe
-
-V = 5  # vocabulary of the table policy
-
-
-class TablePolicy:
-    """``HFPolicy.completion_logprobs`` over a free logit table [rows, T, V]: row r of a batch
-    is looked up by its first prompt token, so a micro-batch or a selection of a batch sees
-    the same parameters as the whole batch did."""
-
-    def __init__(self, rows: int, width: int, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.table = torch.nn.Parameter(torch.randn(rows, width, V, generator=g))
-
-    def parameters(self):
-        return iter([self.table])
-
-    def distribution(self, batch):
-        return self.table[batch.prompt_ids[:, 0]][:, : batch.completion_ids.shape[1]].log_softmax(-1)
-
-    def completion_logprobs(self, prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids=None,
-                            temperature=1.0, with_entropy=False):
-        logp_all = (self.table[prompt_ids[:, 0]][:, : completion_ids.shape[1]] / temperature).log_softmax(-1)
-        logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-        return logp, entropy
+from helpers import TablePolicy, cfg, loss_and_grad, mini_recipe, table_batch
 
 
 def logp_of(policy: TablePolicy, batch: RolloutBatch) -> torch.Tensor:
@@ -63,32 +38,6 @@ def logp_of(policy: TablePolicy, batch: RolloutBatch) -> torch.Tensor:
 def entropy_of(policy: TablePolicy, batch: RolloutBatch) -> torch.Tensor:
     logp_all = policy.distribution(batch).detach()
     return -(logp_all.exp() * logp_all).sum(-1)
-
-
-def table_batch(n: int = 6, t: int = 5, seed: int = 0, truncated=None) -> RolloutBatch:
-    """n rows with right padding (row 0 full, every row at least one token) and random,
-    nonzero per-token advantages."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, t + 1, (n,), generator=g)
-    lengths[0] = t
-    mask = (torch.arange(t) < lengths[:, None]).long()
-    return RolloutBatch(
-        prompt_ids=torch.arange(n)[:, None], prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        completion_ids=torch.randint(0, V, (n, t), generator=g) * mask, completion_mask=mask,
-        group_ids=torch.arange(n) // 2, rewards=torch.zeros(n),
-        truncated=torch.zeros(n, dtype=torch.bool) if truncated is None else torch.tensor(truncated),
-        advantages=(torch.randn(n, t, generator=g) + 0.1) * mask)
-
-
-def cfg(kl: float = 0.0, in_reward: bool = False, entropy: float = 0.0, **kw) -> LossConfig:
-    return LossConfig(kl=KLConfig(coef=kl, estimator="k3", in_reward=in_reward), entropy_coef=entropy, **kw)
-
-
-def loss_and_grad(policy, batch, config, tot):
-    policy.table.grad = None
-    loss, stats = micro_batch_loss(policy, batch, config, tot, 1.0, True)
-    loss.backward()
-    return loss.detach(), stats, policy.table.grad.clone()
 
 
 def k3_by_hand(logp, ref):
@@ -276,6 +225,7 @@ def test_the_micro_batch_split_does_not_change_the_summed_loss_or_gradient(agg):
 
 
 def test_group_relative_advantages_have_zero_group_mean_and_unit_group_std():
+    flat = spread = 0
     for seed in range(25):
         g = torch.Generator().manual_seed(seed)
         sizes = torch.randint(1, 6, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g)
@@ -297,8 +247,11 @@ def test_group_relative_advantages_have_zero_group_mean_and_unit_group_std():
                 assert abs(float(a.mean())) < 1e-5, (seed, name)
                 if len(a) == 1 or torch.all(r == r[0]):
                     assert torch.all(a == 0), (seed, name)
+                    flat += 1
                 elif name == "grpo/group":
                     assert float(a.std()) == pytest.approx(1.0, rel=1e-4), (seed, name)
+                    spread += 1
+    assert flat > 0 and spread > 0, (flat, spread)  # both kinds of group were drawn and checked
 
 
 # --- the optimisation loop ---------------------------------------------------------------------------
@@ -432,6 +385,7 @@ def test_kl_in_the_reward_is_subtracted_from_the_token_rewards(tmp_path, probe):
                          loss={"kl": {"coef": coef, "in_reward": True}}, train={"steps": 2},
                          optim={"lr": 1e-2, "warmup_steps": 0})
     Trainer(recipe, tmp_path / "r", log=lambda m: None).run()
+    assert len(probe().seen) > 1, "the probe did not see the second step"
     for step, seen in enumerate(probe().seen):
         b = seen["batch"]
         m = b.response_mask.float()

@@ -7,13 +7,9 @@ import torch
 from reasonrl.policy.hf import token_logprobs_and_entropy
 from reasonrl.policy.loading import load_hf_policy
 
-from helpers import mini_policy
+from helpers import assert_every_masked_token_was_sampled, joined, mini_policy
 
 PROMPTS = ["(3+4)*5;", "1+2*3;", "12*9+20;"]
-
-
-def joined(s):
-    return torch.cat([s.prompt_ids, s.completion_ids], 1), torch.cat([s.prompt_mask, s.completion_mask], 1)
 
 
 PAD_IS_EOS = pytest.mark.parametrize("pad_is_eos", [False, True], ids=["pad!=eos", "pad==eos"])
@@ -111,6 +107,7 @@ def test_stop_strings_end_completions_and_are_cut_from_the_text(pad_is_eos, deco
         else:
             assert trunc == (tokens[-1] != eos)
     assert stopped > 0  # the untrained model emits '*' often enough for this to bite
+    assert stopped < len(s.texts)  # and some rows end otherwise (EOS or the budget), so both branches are checked
 
 
 def test_chat_template_wraps_prompts_as_a_user_turn():
@@ -139,38 +136,6 @@ def test_shared_prompt_pass_equals_the_row_by_row_pass_with_gradients():
     torch.testing.assert_close(ent_b[m], ent_a[m], atol=1e-5, rtol=1e-5)
     for a, b in zip(g_a, g_b):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
-
-
-def assert_every_masked_token_was_sampled(pol, samples, stop, atol=2e-5):
-    """The completion mask covers exactly the tokens the sampler drew, for each way a row can end:
-    at EOS, at a stop string, at the token budget. Returns how many rows ended each way."""
-    eos = pol.tokenizer.eos_token_id
-    budget = samples.completion_ids.shape[1]
-    ids, mask = joined(samples)
-    logp, _ = pol.token_logprobs(ids, mask, budget, temperature=1.0)
-    m = samples.completion_mask.bool()
-    # Sampling and scoring agree on every token that counts: none of them is a padding token the
-    # model never drew (its sampling log-prob would be 0, its scoring log-prob anything).
-    torch.testing.assert_close(logp[m], samples.sample_logprobs[m], atol=atol, rtol=1e-5)
-    assert (samples.sample_logprobs[m] < 0).all()
-    ends = {"eos": 0, "stop": 0, "budget": 0}
-    for row, k, trunc in zip(samples.completion_ids, samples.completion_mask.sum(-1).tolist(), samples.truncated):
-        tokens = row[:k]
-        assert k >= 1 and not (tokens[:-1] == eos).any()  # no EOS inside a completion
-        text = pol.tokenizer.decode(tokens, skip_special_tokens=True)
-        if tokens[-1] == eos:
-            ends["eos"] += 1
-            assert not trunc
-        elif stop and any(text.endswith(s) for s in stop):
-            ends["stop"] += 1
-            assert not trunc
-            # The stop string is completed by the last masked token, not before it.
-            before = pol.tokenizer.decode(tokens[:-1], skip_special_tokens=True)
-            assert not any(s in before for s in stop)
-        else:
-            ends["budget"] += 1
-            assert trunc and k == budget
-    return ends
 
 
 @DECODER

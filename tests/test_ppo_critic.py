@@ -7,16 +7,15 @@ import torch
 from reasonrl.algos.critic import RETURNS_KEY, gae_advantages_and_returns
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
-from reasonrl.methods.base import MethodContext
-from reasonrl.methods.critic import Critic
+from reasonrl.hooks import MethodContext
+from reasonrl.train.critic import Critic
 from reasonrl.policy.value import value_model_from_policy
 from reasonrl.registry import ADVANTAGES
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.optim import Learner
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, crash_at_step, mini_policy, mini_recipe
-from test_trainer import comparable, weights
+from helpers import MINI_TINY, comparable, crash_at_step, mini_policy, mini_recipe, weights
 
 SOFT = [{"name": "exact_answer"}, {"name": "soft_overlong", "max_len": 24, "buffer_len": 20}]
 

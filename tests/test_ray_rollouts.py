@@ -5,11 +5,11 @@ import subprocess
 import pytest
 import ray
 
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from test_rollout_sources import (QUIET, assert_each_step_trained_its_own_prompts, comparable, learning_recipe,
-                                  per_step, same_weights, train_killing_a_sampler)
+from helpers import (QUIET, assert_each_step_trained_its_own_prompts, comparable_across_sources, learning_recipe,
+                     per_step, same_weights, train_killing_a_sampler)
 
 
 def raylets() -> int:
@@ -48,7 +48,7 @@ def test_ray_and_local_samplers_give_the_same_run_in_simulated_staleness_mode(tm
     Trainer(recipe("local"), tmp_path / "local", **QUIET).run()
     Trainer(recipe("ray"), tmp_path / "ray", **QUIET).run()
     a, b = read_metrics(tmp_path / "local"), read_metrics(tmp_path / "ray")
-    assert comparable(a, drop=("perf/",)) == comparable(b, drop=("perf/",))
+    assert comparable_across_sources(a, drop=("perf/",)) == comparable_across_sources(b, drop=("perf/",))
     assert same_weights(tmp_path / "local", tmp_path / "ray")
     assert ray.is_initialized()  # the user's session is left as it was
 

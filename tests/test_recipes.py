@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from reasonrl.config import load_recipe
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import MINI_TINY

@@ -7,17 +7,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reasonrl.algos.regret import (curriculum_weight, difficulty_weight, direction_magnitude_reward,
+from reasonrl.methods.hindsight_regret.maths import (curriculum_weight, difficulty_weight, direction_magnitude_reward,
                                    hindsight_regret, success_rate)
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
-from reasonrl.methods.base import MethodContext
-from reasonrl.methods.hindsight_regret import HindsightRegret
+from reasonrl.hooks import MethodContext
+from reasonrl.methods.hindsight_regret.method import HindsightRegret
 from reasonrl.registry import REWARDS
-from reasonrl.rewards.forecast import parse_forecast
-from reasonrl.rollout.regret_sampler import RegretCurriculum
-from reasonrl.tasks.base import Problem
-from reasonrl.tasks.forecast import ForecastTask, parse_event, render_solution
+from reasonrl.methods.hindsight_regret.task import parse_forecast
+from reasonrl.methods.hindsight_regret.sampler import RegretCurriculum
+from reasonrl.problem import Problem
+from reasonrl.methods.hindsight_regret.task import ForecastTask, parse_event, render_solution
 
 from helpers import MINI_TINY, mini_recipe, straight_and_resumed
 

@@ -8,7 +8,8 @@ import pytest
 
 from reasonrl.cli import main
 from reasonrl.config import flatten
-from reasonrl.evaluate.report import differing_keys, group_runs, load_run, write_report
+from reasonrl.evaluate.report import write_report
+from reasonrl.evaluate.runs import differing_keys, group_runs, load_run
 from reasonrl.train.trainer import Trainer
 
 from helpers import mini_recipe

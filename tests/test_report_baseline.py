@@ -12,7 +12,8 @@ import pytest
 
 from reasonrl.cli import main
 from reasonrl.evaluate.baseline import compare_to_baseline
-from reasonrl.evaluate.report import group_runs, load_run, stats_path, write_report
+from reasonrl.evaluate.report import stats_path, write_report
+from reasonrl.evaluate.runs import group_runs, load_run
 from reasonrl.evaluate.stats import (bootstrap_diff, regularized_incomplete_beta, student_t_cdf,
                                      student_t_two_sided_p, welch_t_test)
 

@@ -1,14 +1,13 @@
 """Residual Advantage (RA) and CoRA: the pure maths, the teacher, the recipes, one run."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from reasonrl.algos.advantages import grpo_advantages, reinforce_pp_advantages
 from reasonrl.algos.masked import masked_mean
-from reasonrl.algos.residual import (
+from reasonrl.methods.residual.advantage import (
     center_per_response,
     residual,
     residual_advantages,
@@ -22,13 +21,13 @@ from reasonrl.config import ConfigError, LoraConfig, ModelConfig, TeacherConfig,
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
 from reasonrl.policy.tiny import TinySpec, new_tiny_model
-from reasonrl.train.metrics import read_metrics
-from reasonrl.train.teacher import Teacher, check_shared_vocabulary
+from reasonrl.metrics_log import read_metrics
+from reasonrl.methods.residual.teacher import Teacher
+from reasonrl.policy.teacher import check_shared_vocabulary
 from reasonrl.train.trainer import Trainer, outcome_token_rewards
 
-from helpers import MINI_TINY, mini_policy, mini_recipe
+from helpers import MINI_TINY, RECIPES, mini_policy, mini_recipe
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 # Three next-token distributions over a vocabulary of 3, used at positions t = 0, 1, 2.
 PS = torch.tensor([[0.5, 0.3, 0.2], [1 / 3, 1 / 3, 1 / 3], [0.1, 0.1, 0.8]])
@@ -238,6 +237,7 @@ def test_annotate_matches_a_direct_full_forward():
     ps, pt = direct_statistics(student, batch), direct_statistics(teacher.policy, batch)
     n, t = batch.completion_ids.shape
     mask = batch.completion_mask
+    assert 0 < int(mask.sum()) < n * t, "the batch needs both completion tokens and padding for both checks to bite"
     for i in range(n):
         for j in range(t):
             if not mask[i, j]:

@@ -21,7 +21,7 @@ from helpers import mini_recipe
 from reasonrl.config import ConfigError, recipe_from_dict
 from reasonrl.registry import REWARDS
 from reasonrl.rewards.scorer import RewardSpec, Scorer, build_scorer, group_reward
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 P = Problem(prompt="2+3*4;", answer="14")
 SLACK = 10.0  # seconds; a hang would be an hour
@@ -230,7 +230,7 @@ def test_a_killed_parent_leaves_no_workers(tmp_path):
         import os, time
         from reasonrl.registry import REWARDS
         from reasonrl.rewards.scorer import RewardSpec, Scorer
-        from reasonrl.tasks.base import Problem
+        from reasonrl.problem import Problem
 
         def hang(completion, problem, **_):  # defined in __main__: fine for a forked worker
             print("busy", os.getpid(), flush=True)

@@ -5,7 +5,7 @@ import pytest
 from reasonrl.registry import REWARDS
 from reasonrl.rewards.basic import exact_answer, soft_overlong, worked_format
 from reasonrl.rewards.scorer import RewardSpec, Scorer
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 P = Problem(prompt="2+3*4;", answer="14")
 

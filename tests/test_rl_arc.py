@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from reasonrl.algos.rl_arc import (Spans, answer_confidences, arc_adjustment, arc_reward, span_confidences,
-                                   split_spans)
+from reasonrl.evaluate.answer_spans import Spans, answer_confidences, span_confidences, split_spans
+from reasonrl.methods.rl_arc.maths import arc_adjustment, arc_reward
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
 from reasonrl.evaluate.sampling_eval import summarise
-from reasonrl.methods.base import MethodContext
-from reasonrl.methods.rl_arc import RLARC
+from reasonrl.hooks import MethodContext
+from reasonrl.methods.rl_arc.method import RLARC
 
 from helpers import mini_policy, mini_recipe, scripted_samples, straight_and_resumed
 
@@ -205,7 +205,9 @@ def test_short_run_logs_the_confidences_and_resumes_exactly(tmp_path, monkeypatc
     for r in steps:
         assert 0.0 <= r["rl_arc/c_answer"] <= 1.0 and 0.0 <= r["rl_arc/c_reasoning"] <= 1.0
         assert r["rl_arc/adjustment"] <= 0.0  # both terms only ever take away
-    assert all("eval/calibration/sequence/ece" in r for r in rows if "eval/avg@2" in r)
+    evals = [r for r in rows if "eval/avg@2" in r]
+    assert evals, "eval/avg@2 was never logged"
+    assert all("eval/calibration/sequence/ece" in r for r in evals)
 
 
 def test_evaluation_reads_the_answer_confidence_of_each_sample(monkeypatch):

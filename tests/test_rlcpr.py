@@ -1,5 +1,5 @@
-"""RLCPR: the probability reward, debiasing, t*, the length penalty (algos/rlcpr.py,
-methods/rlcpr.py) and the uncertainty prompt sampler (rollout/uncertainty_sampler.py)."""
+"""RLCPR: the probability reward, debiasing, t*, the length penalty (methods/rlcpr/maths.py,
+methods/rlcpr/method.py) and the uncertainty prompt sampler (methods/rlcpr/sampler.py)."""
 
 import math
 from types import SimpleNamespace
@@ -7,14 +7,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reasonrl.algos.rlcpr import answer_reward, concentration_penalty, concentration_point, debias
+from reasonrl.methods.rlcpr.maths import answer_reward, concentration_penalty, concentration_point, debias
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
-from reasonrl.methods.base import MethodContext
-from reasonrl.methods.rlcpr import RLCPR, answer_probabilities, split_trace, thin
+from reasonrl.hooks import MethodContext
+from reasonrl.methods.rlcpr.method import RLCPR, answer_probabilities, split_trace, thin
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
-from reasonrl.rollout.uncertainty_sampler import UncertaintySampler, group_reward_std
-from reasonrl.tasks.base import Problem
+from reasonrl.algos.selection import one_group_reward_std
+from reasonrl.methods.rlcpr.sampler import UncertaintySampler
+from reasonrl.problem import Problem
 
 from helpers import mini_policy, mini_recipe, straight_and_resumed
 
@@ -191,8 +192,8 @@ class EightPrompts:
 
 
 def test_group_reward_std_is_the_unbiased_one():
-    assert group_reward_std([0.0, 1.0, 0.0, 1.0]) == pytest.approx(math.sqrt(1 / 3))
-    assert group_reward_std([1.0]) == 0.0 and group_reward_std([1.0, float("nan"), 1.0]) == 0.0
+    assert one_group_reward_std([0.0, 1.0, 0.0, 1.0]) == pytest.approx(math.sqrt(1 / 3))
+    assert one_group_reward_std([1.0]) == 0.0 and one_group_reward_std([1.0, float("nan"), 1.0]) == 0.0
 
 
 def test_sampler_weights_by_hand_and_it_prefers_spread_groups():

@@ -10,42 +10,14 @@ import time
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import FakeInbox, mini_recipe
-
-QUIET = {"log": lambda m: None}
-
-
-def learning_recipe(**sections):
-    """The shipped embedded model, whose groups disagree on rewards, so every step moves the weights."""
-    rollout = {"max_new_tokens": 32, **sections.pop("rollout", {})}
-    return mini_recipe(model={"backend": "tiny", "tiny": {}}, rollout=rollout, optim={"lr": 1e-3},
-                       **sections)
-
-
-def comparable(rows, drop=("perf/", "offpolicy/", "async/")):
-    return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in rows]
-
-
-def final_weights(run_dir):
-    return load_file(str(run_dir / "final_model" / "model.safetensors"))
-
-
-def same_weights(a, b):
-    wa, wb = final_weights(a), final_weights(b)
-    return set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
-def per_step(rows, key):
-    """The value of ``key`` at each training step; the key must be logged at least once."""
-    found = {r["step"]: r[key] for r in rows if key in r}
-    assert found, f"{key} was never logged"
-    return found
+from helpers import (QUIET, FakeInbox, TablePolicy, assert_each_step_trained_its_own_prompts, cfg,
+                     comparable_across_sources, learning_recipe, loss_and_grad, mini_recipe, per_step, same_weights,
+                     table_batch, train_killing_a_sampler)
 
 
 # -- async ---------------------------------------------------------------------------------
@@ -61,7 +33,7 @@ def test_async_at_staleness_0_is_the_sync_run(tmp_path):
     # the sampler scores in its own process: the learner forks no reward workers it would never use
     assert sync.scorer is not None and asynchronous.scorer is None
     sync_rows, async_rows = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
-    assert comparable(sync_rows) == comparable(async_rows)
+    assert comparable_across_sources(sync_rows) == comparable_across_sources(async_rows)
     assert same_weights(tmp_path / "sync", tmp_path / "async")
     assert set(per_step(async_rows, "offpolicy/staleness_max").values()) == {0.0}
     assert any(r.get("reward/mean", 0) > 0 for r in sync_rows)  # the runs did something
@@ -77,37 +49,6 @@ def test_async_never_trains_a_batch_over_the_staleness_bound(tmp_path):
     assert max(stale.values()) <= 2
     assert max(stale.values()) >= 1  # the sampler did run ahead: the bound was exercised
     assert set(per_step(rows, "async/dropped_batches").values()) == {0}
-
-
-def train_killing_a_sampler(recipe, run_dir, monkeypatch, worker: int = 0):
-    """Train ``recipe``, SIGKILL-ing sampler ``worker`` when step 2 asks for its batch (while it
-    samples ahead); return the metric rows, the log lines and each step's trained prompts."""
-    from reasonrl.rollout.async_source import AsyncSource
-
-    original = AsyncSource.next_batch
-    prompts, logs = {}, []
-
-    def next_batch(self, step, version, watch):
-        if step == 2 and "killed" not in prompts:
-            self.endpoints[worker].kill()
-            prompts["killed"] = True
-        batch, every, stats = original(self, step, version, watch)
-        prompts[step] = sorted(set(batch.meta["prompt"]))
-        return batch, every, stats
-
-    monkeypatch.setattr(AsyncSource, "next_batch", next_batch)
-    Trainer(recipe, run_dir, log=logs.append).run()
-    return read_metrics(run_dir), logs, prompts
-
-
-def assert_each_step_trained_its_own_prompts(recipe, prompts):
-    """No batch lost (a step would show a later step's prompts) and none trained twice."""
-    from reasonrl.tasks.base import build_task
-
-    task = build_task(recipe)
-    n = recipe.train.prompts_per_step
-    for step in range(recipe.train.steps):
-        assert prompts[step] == sorted({p.prompt for p in task.train_problems(step, n, recipe.train.seed)}), step
 
 
 def test_a_killed_sampler_is_reported_and_replaced_without_losing_or_repeating_a_batch(tmp_path, monkeypatch):
@@ -198,15 +139,13 @@ def test_simulated_staleness_kill_9_and_resume_is_the_straight_run(tmp_path):
            "eval": {"size": 8}, "log": {"plots": False, "progress": False}}
     kill_after = random.Random().randint(2, 6)  # a checkpoint step after which to kill
     a, b = kill_9_and_resume(tmp_path, raw, kill_after)
-    assert comparable(a, drop=("perf/",)) == comparable(b, drop=("perf/",)), f"killed after step {kill_after}"
+    assert comparable_across_sources(a, drop=("perf/",)) == comparable_across_sources(b, drop=("perf/",)), f"killed after step {kill_after}"
     assert max(per_step(a, "offpolicy/staleness_max").values()) == 2.0
 
 
 # -- corrections in the objective ------------------------------------------------------------
 
 def test_a_correction_whose_ratio_is_one_leaves_the_loss_and_gradient_unchanged():
-    from test_objective_wiring import TablePolicy, cfg, loss_and_grad, table_batch
-
     from reasonrl.train.objective import totals
 
     policy, batch = TablePolicy(6, 5), table_batch()
@@ -258,7 +197,7 @@ def test_simulated_staleness_is_the_same_run_in_process_and_in_an_async_sampler(
     Trainer(learning_recipe(rollout={"simulated_staleness": 2, "source": "async", "sampler_threads": 1}, **common),
             tmp_path / "async", **QUIET).run()
     a, b = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
-    assert comparable(a, drop=("perf/", "async/")) == comparable(b, drop=("perf/", "async/"))
+    assert comparable_across_sources(a, drop=("perf/", "async/")) == comparable_across_sources(b, drop=("perf/", "async/"))
     assert same_weights(tmp_path / "sync", tmp_path / "async")
     assert per_step(b, "offpolicy/staleness_max") == {1: 0.0, 2: 1.0, 3: 2.0, 4: 2.0}
 
@@ -282,7 +221,7 @@ def test_async_simulated_staleness_resumes_exactly(tmp_path, monkeypatch):
         Trainer(recipe, tmp_path / "resumed", **QUIET).run()
     Trainer(recipe, tmp_path / "resumed", resume=True, **QUIET).run()
     a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
-    assert comparable(a, drop=("perf/", "async/")) == comparable(b, drop=("perf/", "async/"))
+    assert comparable_across_sources(a, drop=("perf/", "async/")) == comparable_across_sources(b, drop=("perf/", "async/"))
     assert same_weights(tmp_path / "straight", tmp_path / "resumed")
     assert max(per_step(b, "offpolicy/staleness_max").values()) == 2.0
 
@@ -290,8 +229,6 @@ def test_async_simulated_staleness_resumes_exactly(tmp_path, monkeypatch):
 def test_a_batch_over_the_staleness_bound_is_dropped_and_sampled_again(monkeypatch):
     """The admission rule should make it unreachable; if a sampler still sends a batch over the
     bound, it is never trained on: dropped, counted, and sampled again by a restarted sampler."""
-    from test_objective_wiring import table_batch
-
     from reasonrl.perf import Stopwatch
     from reasonrl.rollout.async_source import AsyncSource
     from reasonrl.rollout.collect import CollectStats
@@ -349,4 +286,4 @@ def test_async_kill_9_leaves_no_sampler_behind_and_resumes_exactly_at_staleness_
         return none_left
 
     a, b = kill_9_and_resume(tmp_path, raw, 3, at_kill)
-    assert comparable(a) == comparable(b)
+    assert comparable_across_sources(a) == comparable_across_sources(b)

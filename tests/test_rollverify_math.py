@@ -1,4 +1,4 @@
-"""RollVerify math (reasonrl.algos.rollverify): OPS, sequence/token verification, residual sampling.
+"""RollVerify math (reasonrl.methods.rollverify.maths): OPS, sequence/token verification, residual sampling.
 
 The statistical tests check the speculative-sampling identity: draw y ~ μ, accept with
 min(1, π/μ), else resample from norm(max(0, π − μ)); the result is distributed as π. Chi-square
@@ -13,10 +13,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from reasonrl.algos import rollverify
-from reasonrl.algos.rollverify import (TAU_SEQ, TAU_TOK, accept_tokens, accept_tokens_random, ops,
-                                       residual_distribution, sample_residual, speculative_verify,
-                                       truncate_deterministic, verification_metrics, verify_sequences)
+from reasonrl.methods.rollverify import maths as rollverify
+from reasonrl.algos.prefix_shift import ops, verification_metrics
+from reasonrl.methods.rollverify.maths import (TAU_SEQ, TAU_TOK, accept_tokens, accept_tokens_random,
+                                               residual_distribution, sample_residual, speculative_verify,
+                                               truncate_deterministic, verify_sequences)
 
 NAN, INF = float("nan"), float("inf")
 ALPHA = 1e-4

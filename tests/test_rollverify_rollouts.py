@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from reasonrl.algos.rollverify import residual_distribution
+from reasonrl.methods.rollverify.maths import residual_distribution
 from reasonrl.config import ConfigError
 from reasonrl.perf import Stopwatch
 from reasonrl.registry import PROMPT_SAMPLERS
@@ -91,6 +91,7 @@ def test_the_first_j_tokens_are_todays_stale_tokens():
 def test_keep_continues_under_pi_with_each_tokens_version_and_log_prob():
     src, b = partial()
     running = src.partial.last["running"].tolist()
+    assert 0 < len(running) < len(b)  # both branches below are checked
     mu, pi = logprobs(src.behaviour, b), logprobs(src.ctx.policy, b)
     for i, m in enumerate(lengths(b)):
         v, lp = b.token_versions[i, :m], b.sample_logprobs[i, :m]
@@ -112,6 +113,7 @@ def test_discard_regenerates_every_running_row_under_pi():
     src, b = partial({"name": "discard"})
     _, kept = partial()
     running = src.partial.last["running"].tolist()
+    assert 0 < len(running) < len(b)  # both branches below are checked
     pi, mu = logprobs(src.ctx.policy, b), logprobs(src.behaviour, b)
     for i, m in enumerate(lengths(b)):
         if i in running:

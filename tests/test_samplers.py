@@ -7,11 +7,10 @@ import torch
 from reasonrl.registry import PROMPT_SAMPLERS
 from reasonrl.rollout.samplers import Learnability, PromptSampler
 from reasonrl.tasks.arithmetic import ArithmeticTask
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import crash_at_step, mini_recipe
-from test_trainer import comparable, weights
+from helpers import comparable, crash_at_step, mini_recipe, weights
 
 
 class Recording(PromptSampler):

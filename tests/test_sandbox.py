@@ -1,4 +1,4 @@
-"""The code sandbox (reasonrl.rewards.sandbox): hostile programs are contained, scored as
+"""The code sandbox (reasonrl.isolation.sandbox): hostile programs are contained, scored as
 failures with their reason, leave nothing running and write nothing outside.
 
 The battery runs on every backend that works here. A backend that should work (Linux,
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from reasonrl.rewards.sandbox import SandboxPool, SandboxUnavailable, choose_backend, run_python, sandbox_backend
-from reasonrl.rewards.sandbox.backends import probe
+from reasonrl.isolation.sandbox import SandboxPool, SandboxUnavailable, choose_backend, run_python, sandbox_backend
+from reasonrl.isolation.sandbox.choice import probe
 
 
 def _userns_allowed() -> bool:
@@ -288,7 +288,7 @@ import reasonrl
 pkg = types.ModuleType("reasonrl.rewards")
 pkg.__path__ = [os.path.join(os.path.dirname(reasonrl.__file__), "rewards")]
 sys.modules["reasonrl.rewards"] = pkg
-from reasonrl.rewards.sandbox import run_python
+from reasonrl.isolation.sandbox import run_python
 run_python("import os, time\\nos.system('sleep %s &')\\ntime.sleep(60)", backend=sys.argv[1], timeout_s=60)
 """
 
@@ -399,7 +399,7 @@ def test_cli_sandbox(tmp_path, capsys):
 def test_python_tests_reward():
     from reasonrl.registry import REWARDS
     from reasonrl.rewards.python_tests import extract_code
-    from reasonrl.tasks.base import Problem
+    from reasonrl.problem import Problem
 
     sandbox_backend()
     reward = REWARDS.get("python_tests")

@@ -6,14 +6,14 @@ import random
 import pytest
 import torch
 
-from reasonrl.algos.saver import pair_reference, span_iou
+from reasonrl.methods.saver.maths import pair_reference, span_iou
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
-from reasonrl.methods.saver import SaverReference
+from reasonrl.methods.saver.method import SaverReference
 from reasonrl.registry import REWARDS
-from reasonrl.rewards.grounding import parse_grounding
-from reasonrl.tasks.base import Problem
-from reasonrl.tasks.grounding import GroundingTask, sparse_indices
+from reasonrl.methods.saver.reward import parse_grounding
+from reasonrl.problem import Problem
+from reasonrl.methods.saver.task import GroundingTask, sparse_indices
 
 from helpers import MINI_TINY, mini_recipe, straight_and_resumed
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from reasonrl.algos.semantic_ids import (assign_codes, build_semantic_ids, collision_rate, reciprocal_rank_fusion,
+from reasonrl.methods.caring.semantic_ids import (assign_codes, build_semantic_ids, collision_rate, reciprocal_rank_fusion,
                                          recall_at_k, repair_collisions, residual_quantise, sid_tokens, tfidf_matrix,
                                          weighted_f1)
-from reasonrl.rollout.constrained import Trie, constrained_beam_search, label_trie, multi_chain_rank, rank_labels
-from reasonrl.tasks.next_visit import NextVisitTask
+from reasonrl.methods.caring.decoding import Trie, constrained_beam_search, label_trie, multi_chain_rank, rank_labels
+from reasonrl.methods.caring.next_visit import NextVisitTask
 
 from helpers import MINI_TINY, mini_policy
 
@@ -155,7 +155,7 @@ def test_recall_at_k_and_weighted_f1_by_hand():
 
 def test_sid_tokens_in_smollm2_tokenizer_round_trip():
     from reasonrl.policy.loading import resolve_model_path
-    from reasonrl.policy.sid_tokens import add_sid_tokens
+    from reasonrl.methods.caring.sid_tokens import add_sid_tokens
 
     try:
         folder = resolve_model_path("smollm2-135m", None, "float32", None)
@@ -227,7 +227,7 @@ def test_next_visit_bad_input_names_the_key():
 
 def test_stage1_alignment_and_constrained_evaluation_on_the_mini_model():
     from reasonrl.config import OptimConfig
-    from reasonrl.policy.sid_tokens import alignment_examples, alignment_sft
+    from reasonrl.methods.caring.sid_tokens import alignment_examples, alignment_sft
     from reasonrl.policy.tiny import TinySpec, build_tiny_policy
 
     task = NextVisitTask()

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from reasonrl.config import load_recipe
 from reasonrl.policy.loading import load_hf_policy
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def test_smollm2_every_masked_token_was_sampled(decoder):
     pytest.importorskip("gguf", reason="needs the smollm2 extra")
     from reasonrl.tasks.arithmetic import ArithmeticTask
 
-    from test_policy_conformance import assert_every_masked_token_was_sampled
+    from helpers import assert_every_masked_token_was_sampled
 
     policy = load_hf_policy("smollm2-135m")
     policy.decoder = decoder
@@ -66,9 +66,9 @@ def test_smollm2_episodes_train_on_the_sampled_ids():
     from reasonrl.envs.base import Environment, Step
     from reasonrl.registry import ENVIRONMENTS
     from reasonrl.rollout.episodes import EpisodeRollout, sample_problems
-    from reasonrl.tasks.base import Problem
+    from reasonrl.problem import Problem
 
-    from test_episodes import assert_trained_ids_were_sampled, spy_on_sampling
+    from helpers import assert_trained_ids_were_sampled, spy_on_sampling
 
     class Notes(Environment):
         stop = ("\n",)

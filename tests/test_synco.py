@@ -6,21 +6,22 @@ move), exact resume and a short run."""
 import pytest
 import torch
 
-from reasonrl.algos.synco import (agreement, canonical_answer, char_ngrams, is_reliable, novelty,
+from reasonrl.methods.synco.maths import (agreement, canonical_answer, char_ngrams, is_reliable, novelty,
                                   synthesizer_reward, task_quality, teachability)
 from reasonrl.config import ConfigError
-from reasonrl.methods import synco as synco_method
-from reasonrl.methods.base import MethodContext
-from reasonrl.methods.synco import SynCo
+from reasonrl.methods.synco import method as synco_method
+from reasonrl.hooks import MethodContext
+from reasonrl.methods.synco.method import SynCo
 from reasonrl.policy.tiny import TinySpec
 from reasonrl.rewards.scorer import build_scorer
 from reasonrl.rollout.collect import sample_and_score
 from reasonrl.perf import Stopwatch
 from reasonrl.tasks.arithmetic import FORMS, render, true_answer
-from reasonrl.tasks.arithmetic_proposals import (ArithmeticProposalTask, evaluate_expression, form_of,
+from reasonrl.methods.synco.task import (ArithmeticProposalTask, evaluate_expression, form_of,
                                                  parse_proposal)
-from reasonrl.tasks.base import Problem, build_task, in_eval_split
-from reasonrl.train.metrics import read_metrics
+from reasonrl.problem import Problem
+from reasonrl.tasks.base import build_task, in_eval_split
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.optim import Learner
 from reasonrl.train.trainer import Trainer
 

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trackers import mlflow_metric_name
 from reasonrl.train.trainer import Trainer
 

@@ -1,25 +1,14 @@
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from reasonrl.config import ConfigError
 from reasonrl.registry import TASKS
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import crash_at_step, mini_recipe
-
-
-def comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
-
-
-def weights(run_dir):
-    return load_file(str(run_dir / "final_model" / "model.safetensors"))
+from helpers import comparable, crash_at_step, mini_recipe, run_cli, weights
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, monkeypatch):
@@ -121,10 +110,6 @@ def test_empty_task_is_a_clear_error_and_writes_nothing(tmp_path, empty_task):
     with pytest.raises(ConfigError, match="task '_empty' has no training problems"):
         Trainer(mini_recipe(task={"name": "_empty"}), tmp_path / "e", log=lambda m: None).run()
     assert not (tmp_path / "e").exists()
-
-
-def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], cwd=cwd, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("text, expected", [

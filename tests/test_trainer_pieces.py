@@ -7,7 +7,7 @@ from reasonrl.registry import SCHEDULES
 from reasonrl.train.optim import lr_multiplier
 from reasonrl.train.trainer import outcome_token_rewards
 
-from test_batch import make
+from helpers import make
 
 
 def lr_lambda(step, warmup, total, schedule):

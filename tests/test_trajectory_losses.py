@@ -12,11 +12,11 @@ import torch
 from torch.testing import assert_close
 
 from reasonrl.algos.losses import AGG_MODES, aggregate, ppo_clip_loss
-from reasonrl.algos.trajectory import gmc_grpo_loss, tic_grpo_loss
+from reasonrl.methods.gmc_grpo.loss import gmc_grpo_loss, tic_grpo_loss
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError, LossConfig
 from reasonrl.registry import POLICY_LOSSES
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.objective import micro_batch_loss, totals
 from reasonrl.train.trainer import Trainer
 

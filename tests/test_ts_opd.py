@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reasonrl.algos import ts_opd as ts
+from reasonrl.methods.ts_opd import maths as ts
 from reasonrl.algos.distill import forward_kl, reverse_kl
 from reasonrl.algos.losses import aggregate
 from reasonrl.config import ConfigError
-from reasonrl.methods.ts_opd import STRATUM_KEY, TransferStratifiedOPD
-from reasonrl.train.metrics import read_metrics
+from reasonrl.methods.ts_opd.method import STRATUM_KEY, TransferStratifiedOPD
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
 from helpers import MINI_TINY, mini_policy, mini_recipe, straight_and_resumed

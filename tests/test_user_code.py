@@ -19,20 +19,16 @@ import reasonrl
 from reasonrl import api
 from reasonrl.config import ConfigError, load_recipe, recipe_from_dict
 from reasonrl.registry import ADVANTAGES, POLICY_LOSSES, REWARDS, TASKS, TOKEN_REWARDS, UserCodeError
-from reasonrl.train.metrics import read_metrics
+from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, crash_at_step, mini_recipe
+from helpers import MINI_TINY, comparable, crash_at_step, mini_recipe, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def quiet(_msg):
     pass
-
-
-def comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
 def step_rows(run_dir):
@@ -243,10 +239,6 @@ def test_errors_are_user_code_errors_of_the_registry(tmp_path):
     assert isinstance(err.value, KeyError)  # an UnknownNameError, as every unknown name
     with pytest.raises(UserCodeError, match="not importable"):
         ADVANTAGES.get("no_such_pkg_rrl:fn")
-
-
-def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "reasonrl.cli", *args], cwd=cwd, capture_output=True, text=True)
 
 
 def test_cli_user_code_error_exits_2_and_leaves_nothing(tmp_path):

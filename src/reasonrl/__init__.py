@@ -1,7 +1,7 @@
 """reasonrl: RL post-training of language models for reasoning (GRPO and its family).
 
 The Python API: ``train`` (``reasonrl.api.train``), ``Recipe``, ``load_recipe`` and
-``recipe_from_dict`` (``reasonrl.config``). They load on first use: importing ``reasonrl``
+``recipe_from_dict`` (``reasonrl.recipe``). They load on first use: importing ``reasonrl``
 imports neither torch nor the recipe machinery.
 """
 
@@ -42,9 +42,11 @@ train = _Train()
 
 def __getattr__(name: str):
     if name in _CONFIG_NAMES:
-        from reasonrl import config
+        # The loader itself (no torch); the components a recipe names register on the first
+        # lookup (``reasonrl.registry.load_components``).
+        from reasonrl import recipe
 
-        return getattr(config, name)
+        return getattr(recipe, name)
     raise AttributeError(f"module 'reasonrl' has no attribute {name!r}")
 
 

@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from reasonrl.config import ConfigError, Recipe, apply_override, flatten, load_recipe, recipe_from_dict
+# The loader, not reasonrl.config: importing the API stays free of torch; the components a recipe
+# names register on the first lookup (reasonrl.registry.load_components).
+from reasonrl.params import ConfigError
+from reasonrl.recipe import apply_override, flatten, load_recipe, recipe_from_dict
+from reasonrl.sections import Recipe
 
 __all__ = ["train"]
 

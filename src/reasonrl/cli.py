@@ -53,7 +53,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from reasonrl.evaluate.diagnostics import compare_with_baseline
     from reasonrl.evaluate.evaluator import Evaluator
     from reasonrl.fsutil import atomic_write_text
-    from reasonrl.policy.loading import load_for_eval
+    from reasonrl.policy.factory import load_for_eval
     from reasonrl.train.trainer import build_task
 
     if args.n < 1:
@@ -135,7 +135,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     """Run a Python file in the code sandbox as a reward would; one JSON line; 0 iff status ok."""
-    from reasonrl.rewards.sandbox import SandboxUnavailable, run_python
+    from reasonrl.isolation.sandbox import SandboxUnavailable, run_python
 
     path = Path(args.file)
     if not path.is_file():
@@ -159,7 +159,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 def cmd_expdis(args: argparse.Namespace) -> int:
     """ExpDis rounds (explore → filter → distil); see docs/methods/expdis.md."""
-    from reasonrl.loops.expdis import ExpDisLoop, load_expdis_recipe, saved_recipe
+    from reasonrl.methods.expdis.loop import ExpDisLoop, load_expdis_recipe, saved_recipe
 
     if args.resume:
         if args.set:
@@ -176,11 +176,11 @@ def cmd_expdis(args: argparse.Namespace) -> int:
 
 def cmd_fed_sim(args: argparse.Namespace) -> int:
     """Fed-GRPO / FedAvg in Flower's simulation runtime; see docs/methods/fed_grpo.md."""
-    from reasonrl.fed.client import fed_run_recipe
+    from reasonrl.methods.fed_grpo.client import fed_run_recipe
 
     recipe = fed_run_recipe(args.recipe, args.set, args.output, args.resume)
     try:
-        from reasonrl.fed.apps import simulate
+        from reasonrl.methods.fed_grpo.apps import simulate
     except ImportError as exc:
         raise ImportError(f"fed-sim needs Flower: pip install 'reasonrl[fed]' ({exc})") from None
     summary = simulate(recipe, args.output)
@@ -189,7 +189,7 @@ def cmd_fed_sim(args: argparse.Namespace) -> int:
 
 
 def _tls(args: argparse.Namespace):
-    from reasonrl.fed.deploy import TLS
+    from reasonrl.methods.fed_grpo.deploy import TLS
 
     files = (args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certfile)
     if args.insecure:
@@ -207,8 +207,8 @@ def _tls(args: argparse.Namespace):
 
 def cmd_fed_server(args: argparse.Namespace) -> int:
     """Fed-GRPO / FedAvg with real Flower processes: the SuperLink and the run; see docs/methods/fed_grpo.md."""
-    from reasonrl.fed.client import fed_run_recipe
-    from reasonrl.fed.deploy import serve
+    from reasonrl.methods.fed_grpo.client import fed_run_recipe
+    from reasonrl.methods.fed_grpo.deploy import serve
 
     recipe = fed_run_recipe(args.recipe, args.set, args.output, args.resume)
     summary = serve(recipe, args.output, host=args.host, port=args.port, tls=_tls(args))
@@ -218,7 +218,7 @@ def cmd_fed_server(args: argparse.Namespace) -> int:
 
 def cmd_fed_client(args: argparse.Namespace) -> int:
     """One Fed-GRPO client as a Flower SuperNode; serves until stopped."""
-    from reasonrl.fed.deploy import join
+    from reasonrl.methods.fed_grpo.deploy import join
 
     if args.insecure == bool(args.root_certificates):
         raise ConfigError("fed-client needs exactly one of --insecure (plain HTTP) and --root-certificates PEM (TLS)")
@@ -232,7 +232,7 @@ def cmd_fed_client(args: argparse.Namespace) -> int:
 
 def cmd_fuse(args: argparse.Namespace) -> int:
     """SURGE: fuse two checkpoints of one run; see docs/methods/surge.md."""
-    from reasonrl.fuse import FuseSettings, fuse
+    from reasonrl.methods.surge.fuse import FuseSettings, fuse
 
     settings = FuseSettings.validated(retain=args.retain, gamma=args.gamma, beta_res=args.beta_res,
                                       projection=args.projection, embeddings=args.embeddings,

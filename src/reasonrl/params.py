@@ -5,7 +5,7 @@ A value is checked against its declared type, and against the bounds declared be
     epsilon: Annotated[float, Range(ge=0)] = 0.2          # in a function's signature
     num_generations: Annotated[int, Range(ge=2, why="a group needs a baseline")] = 8
 
-Recipe sections (dataclasses in ``reasonrl.config``) and registered components (reward
+Recipe sections (dataclasses in ``reasonrl.sections``) and registered components (reward
 functions, advantages, policy losses, optimisers, methods...) go through the same
 :func:`coerce`, so a bad number fails when the recipe loads, with the key, the bound and
 the value, never as a traceback after the run folder exists.
@@ -18,12 +18,14 @@ import inspect
 import math
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Annotated, Callable, Iterable, Literal, Union
 
-from reasonrl.registry import closest_match_hint
+from reasonrl import registry
+from reasonrl.registry import UnknownNameError, closest_match_hint
 
-__all__ = ["ConfigError", "Range", "coerce", "component_hints", "check_component_params", "check_plugin_params", "inject"]
+__all__ = ["ConfigError", "Range", "Component", "build_section", "PIPELINE_ARGS", "registered", "coerce",
+           "component_hints", "check_component_params", "check_plugin_params", "inject"]
 
 
 class ConfigError(ValueError):
@@ -100,8 +102,6 @@ def coerce(tp: Any, value: Any, where: str, key: str) -> Any:
             raise ConfigError(f"{where}: '{key}' must be a mapping, got {value!r}")
         return dict(value)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        from reasonrl.config import build_section  # sections are built by the recipe loader
-
         return build_section(tp, value, where, key)
     if tp is bool:
         if not isinstance(value, bool):
@@ -200,3 +200,101 @@ def check_plugin_params(registry, name: str, params: dict[str, Any], what: str, 
     if validate is not None:
         validate(**params)
     return params
+
+
+# --- recipe sections -------------------------------------------------------------
+
+@dataclass
+class Component:
+    """A registry name plus that component's own parameters (``{name: grpo, scale: group}``)."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+# The registry each component section's names are looked up in.
+_COMPONENT_REGISTRIES = {
+    "task": registry.TASKS,
+    "rewards": registry.REWARDS,
+    "token_reward": registry.TOKEN_REWARDS,
+    "selection": registry.SELECTORS,
+    "advantage": registry.ADVANTAGES,
+    "eval.task": registry.TASKS,
+    "sampler": registry.PROMPT_SAMPLERS,
+    "methods": registry.METHODS,
+    "off_policy": registry.OFF_POLICY,
+    "rollout.prefix_check": registry.PREFIX_CHECKS,
+    "env": registry.ENVIRONMENTS,
+}
+
+
+def build_section(cls: type, raw: Any, where: str, key: str) -> Any:
+    """A recipe section (a dataclass, or a ``Component``) from its raw mapping; every field goes
+    through :func:`reasonrl.params.coerce`, so types and bounds are checked in one place."""
+    if issubclass(cls, Component):
+        return _build_component(cls, raw, where, key)
+    prefix = f"{key}." if key else ""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: '{key or 'recipe'}' must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for name, value in raw.items():
+        if name not in known:
+            raise ConfigError(f"{where}: unknown key '{prefix}{name}'; allowed: {', '.join(known)}."
+                              f"{closest_match_hint(str(name), known)}")
+        kwargs[name] = coerce(hints[name], value, where, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def _build_component(cls: type, raw: Any, where: str, key: str) -> Component:
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise ConfigError(f"{where}: '{key}' must be a mapping with a 'name', got {raw!r}")
+    raw = dict(raw)
+    name = raw.pop("name")
+    extra = {}
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        if f.name not in ("name", "params") and f.name in raw:
+            extra[f.name] = coerce(hints[f.name], raw.pop(f.name), where, f"{key}.{f.name}")
+    params = dict(raw.pop("params", {}) or {}, **raw)
+    section = key.split("[")[0]
+    reg = _COMPONENT_REGISTRIES.get(section)
+    if reg is not None:
+        fn = registered(reg, name, where, f"{key}.name")
+        # The batch.aux keys a component declares reading (``dataflow.declares``) reach it by name from
+        # the pipeline (the ``gae`` advantage's ``values``), so a recipe never sets them.
+        pipeline = PIPELINE_ARGS[section] | set(getattr(fn, "consumes", ()))
+        params = check_component_params(fn, params, where, key, pipeline, strict_kwargs=section == "rewards")
+    return cls(name=name, params=params, **extra)
+
+
+# Arguments supplied by the pipeline itself, never by the recipe.
+PIPELINE_ARGS = {
+    "advantage": {"token_rewards", "response_mask", "group_ids", "batch", "step", "total_steps"},
+    "rewards": {"completion", "completions", "problem", "num_tokens", "truncated"},
+    "token_reward": {"completion", "problem"},
+    "selection": {"batch", "step", "total_steps"},
+    "task": {"name"},
+    "eval.task": {"name"},
+    "sampler": {"task", "seed", "total_steps", "group_size"},
+    "methods": set(),
+    "env": set(),
+    "off_policy": {"proximal_logprobs", "behaviour_logprobs", "response_mask"},
+    "rollout.prefix_check": {"current_logprobs", "behaviour_logprobs", "current_probs", "behaviour_probs",
+                             "prefix_tokens", "prefix_mask", "generator"},
+    "loss": {"logprobs", "old_logprobs", "advantages", "response_mask", "group_ids"},
+    "optim": {"parameters", "lr", "betas", "weight_decay"},
+}
+
+
+def registered(reg: registry.Registry, name: str, where: str, key: str) -> Any:
+    """The component ``name`` of ``reg``, or a ConfigError naming the recipe key."""
+    try:
+        return reg.get(name)
+    except UnknownNameError as exc:
+        raise ConfigError(f"{where}: {key}: {exc}") from None
+
+

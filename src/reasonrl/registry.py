@@ -33,6 +33,7 @@ import re
 import sys
 import traceback
 import types
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, TypeVar
 
@@ -54,6 +55,29 @@ class UserCodeError(UnknownNameError):
 def closest_match_hint(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
     return f" Did you mean '{close[0]}'?" if close else ""
+
+
+# --- the built-in components ---------------------------------------------------------
+
+COMPONENTS_GROUP = "reasonrl.components"
+"""The entry-point group whose modules register components (``pyproject.toml`` lists
+``reasonrl.components``, the house's one list; an installed package may add its own)."""
+_components_loaded = False
+
+
+def load_components() -> None:
+    """Import every module of the ``reasonrl.components`` entry-point group, once per process.
+
+    An entry point of the house imports ``reasonrl.components`` itself; this is for a process
+    that began elsewhere (a spawned sampler, a Ray actor, a Flower app, a user's script that
+    imports a core module), so a registry lookup there finds the same names. The core learns
+    what is installed from the package metadata, never by naming a method."""
+    global _components_loaded
+    if _components_loaded:
+        return
+    _components_loaded = True  # first: a module being loaded may itself look a name up
+    for entry in entry_points(group=COMPONENTS_GROUP):
+        entry.load()
 
 
 # --- user code ------------------------------------------------------------------------
@@ -318,6 +342,9 @@ class Registry:
             obj = self._usable(name, resolve_code_ref(name, self.kind))
             self._code[name] = obj
             return obj
+        if not _components_loaded:
+            load_components()
+            return self.get(name)
         known = sorted(self._items)
         raise UnknownNameError(
             f"unknown {self.kind} '{name}'; known: {', '.join(known)}.{closest_match_hint(str(name), known)}"
@@ -333,13 +360,16 @@ class Registry:
         return obj
 
     def names(self) -> list[str]:
+        """Every registered name (all built-in components loaded first)."""
+        load_components()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        load_components()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(self.names())
 
 
 ADVANTAGES = Registry("advantage estimator")
@@ -357,4 +387,3 @@ OFF_POLICY = Registry("off-policy correction")
 PREFIX_CHECKS = Registry("prefix check")
 ROLLOUT_SOURCES = Registry("rollout source", expects="class")
 ENVIRONMENTS = Registry("environment", expects="class")
-FSG_JUDGES = Registry("FSG judge", expects="class")  # FSG-RL's teacher group judge (rewards.fsg_judge)

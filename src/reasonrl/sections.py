@@ -1,6 +1,6 @@
 """The recipe's sections: one dataclass per YAML section, every field documented where it is
 declared and typed (``Annotated`` bounds, ``Literal`` choices) so that the loader in
-``reasonrl.config`` checks it in one place. Kept apart from the loader so that reading the
+``reasonrl.recipe`` checks it in one place. Kept apart from the loader so that reading the
 schema needs no YAML or registry code, and so that neither module outgrows one screen of ideas.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from reasonrl.params import ConfigError, Range
+from reasonrl.params import Component, ConfigError, Range
 from reasonrl.registry import closest_match_hint
 
 # The loss aggregation modes (verl ``loss_agg_mode`` names); ``reasonrl.algos.losses.aggregate``
@@ -73,14 +73,6 @@ class ModelConfig:
     """Wrap each prompt in the tokenizer's chat template as a user turn (needs a tokenizer that has one)."""
     tiny: dict[str, Any] = field(default_factory=dict)
     """Overrides of ``TinyConfig`` (architecture and warm-up of the embedded model)."""
-
-
-@dataclass
-class Component:
-    """A registry name plus that component's own parameters (``{name: grpo, scale: group}``)."""
-
-    name: str
-    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -358,6 +350,17 @@ def check_model(model: ModelConfig, where: str, key: str) -> None:
     bad = next((k for k in model.tiny if k not in known), None)
     need(bad is None, where,
          f"unknown key '{key}.tiny.{bad}'; allowed: {', '.join(known)}.{closest_match_hint(str(bad), known)}")
+
+
+def check_episodes(recipe, need) -> None:
+    """The recipe rules of ``env`` (multi-turn episodes, ``reasonrl.rollout.episodes``)."""
+    ro = recipe.rollout
+    need(not ro.simulated_partial and ro.prefix_check is None,
+         "rollout.simulated_partial and rollout.prefix_check act on single completions; an episode (env) "
+         "has several turns: drop them, or the env")
+    need(ro.max_episode_tokens == 0 or ro.max_episode_tokens >= ro.max_new_tokens,
+         f"rollout.max_episode_tokens={ro.max_episode_tokens} is below one turn's rollout.max_new_tokens="
+         f"{ro.max_new_tokens}; raise it, or 0 for max_turns x max_new_tokens")
 
 
 def _to_plain(obj: Any) -> Any:

@@ -40,7 +40,7 @@ The advantage ``gae``
 Registered with the uniform advantage signature: the critic's values arrive as ``values``
 (``batch.aux["values"]``, written by the ``critic`` method before the advantage stage) and the
 returns go to ``batch.aux["returns"]``, the critic's regression targets after the policy
-update. The critic itself (a model, its learner, its warm-up) is ``reasonrl.methods.critic``;
+update. The critic itself (a model, its learner, its warm-up) is ``reasonrl.train.critic``;
 this module holds only the pure functions.
 """
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from reasonrl.algos.masked import as_float, group_inverse, group_std
 
-__all__ = ["ZERO_VARIANCE_TOL", "zero_variance_groups", "group_reward_std"]
+__all__ = ["ZERO_VARIANCE_TOL", "zero_variance_groups", "group_reward_std", "one_group_reward_std"]
 
 ZERO_VARIANCE_TOL = 1e-6
 
@@ -34,3 +36,10 @@ def zero_variance_groups(rewards: Tensor, group_ids: Tensor, tol: float = ZERO_V
 def group_reward_std(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """Per-sample unbiased std of the sample's group rewards, [B]; 0 for singletons."""
     return group_std(rewards, group_ids)
+
+
+def one_group_reward_std(values: list[float]) -> float:
+    """The unbiased std of one group's rewards (GRPO's, as verl and TRL compute it); 0 for a
+    group of one and for non-finite rewards (a failed reward already scores 0)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(torch.tensor(finite, dtype=torch.float64).std()) if len(finite) > 1 else 0.0

@@ -21,7 +21,7 @@ from reasonrl.params import Range
 from reasonrl.policy.char_tokenizer import ARITHMETIC_CHARS
 from reasonrl.registry import ENVIRONMENTS, TASKS
 from reasonrl.tasks.arithmetic import ArithmeticTask
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 __all__ = ["Calculator", "ArithmeticToolsTask", "evaluate_expression"]
 

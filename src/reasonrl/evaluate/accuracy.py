@@ -8,7 +8,7 @@ from typing import Callable
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.basic import exact_answer
 from reasonrl.rollout.episodes import sample_problems
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 
 def greedy_texts(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,

@@ -16,7 +16,7 @@ import statistics
 import zlib
 from typing import Any, Callable
 
-from reasonrl.evaluate.report import BOOTSTRAP_RESAMPLES, ReportError, Run, is_finite_number, format_number, final_eval_keys
+from reasonrl.evaluate.runs import BOOTSTRAP_RESAMPLES, ReportError, Run, final_eval_keys, format_number, is_finite_number
 from reasonrl.evaluate.stats import bootstrap_diff, welch_t_test
 
 SIGNIFICANCE_LEVEL = 0.05  # the mark: Welch's p below this and the (1 − level) bootstrap interval excluding 0

@@ -17,7 +17,7 @@ import re
 import statistics
 from typing import Any, Callable, Sequence
 
-from reasonrl.evaluate.metrics import paired_difference
+from reasonrl.evaluate.metrics import mean_with_ci, paired_difference
 from reasonrl.registry import Registry
 
 __all__ = ["ABSTAIN_RE", "CITATION_VALIDATORS", "THRESHOLDS", "is_committed", "commit_metrics",
@@ -136,17 +136,15 @@ def diagnostic_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The evaluation rows' diagnostics (rows as ``evaluate_sampling`` builds them: per sample
     ``committed``, ``sample_correct`` and ``proxy``; per row ``citations`` and
     ``plausible_citations``). Per-problem means get a bootstrap interval over problems
-    (``with_ci``); the pooled ratios are plain floats, NaN where undefined."""
-    from reasonrl.evaluate.sampling_eval import _with_ci  # one CI formatter for every eval metric
-
+    (``metrics.mean_with_ci``); the pooled ratios are plain floats, NaN where undefined."""
     committed = [c for r in rows for c in r["committed"]]
     correct = [c for r in rows for c in r["sample_correct"]]
     proxy = [p for r in rows for p in r["proxy"]]
     found = sum(r["citations"] for r in rows)
     out: dict[str, Any] = {
-        "diagnostics/commit_rate": _with_ci([sum(r["committed"]) / len(r["committed"]) for r in rows]),
+        "diagnostics/commit_rate": mean_with_ci([sum(r["committed"]) / len(r["committed"]) for r in rows]),
         "diagnostics/accuracy_given_commit": commit_metrics(committed, correct)["accuracy_given_commit"],
-        "diagnostics/proxy_reward": _with_ci([sum(r["proxy"]) / len(r["proxy"]) for r in rows]),
+        "diagnostics/proxy_reward": mean_with_ci([sum(r["proxy"]) / len(r["proxy"]) for r in rows]),
         "diagnostics/cts": confidence_theater_score(proxy, committed),
         "diagnostics/cts_share": confidence_theater_share(proxy, committed),
         "diagnostics/citations_per_sample": found / len(committed),

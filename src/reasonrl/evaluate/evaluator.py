@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from reasonrl.config import ConfigError, Recipe
+from reasonrl.params import ConfigError
+
+from reasonrl.sections import Recipe
 from reasonrl.evaluate.accuracy import accuracy_by_form, greedy_outcomes
 from reasonrl.evaluate.metrics import bootstrap_ci
 from reasonrl.evaluate.sampling_eval import evaluate_sampling

@@ -89,3 +89,10 @@ def paired_difference(a: Sequence[float], b: Sequence[float], num_resamples: int
     diffs = [float(x) - float(y) for x, y in zip(a, b)]
     lo, hi = bootstrap_ci(diffs, num_resamples, confidence, seed)
     return {"mean": sum(diffs) / len(diffs), "ci_low": lo, "ci_high": hi}
+
+
+def mean_with_ci(values: list[float]) -> dict[str, float]:
+    """The mean of per-problem values with its bootstrap 95% interval (:func:`bootstrap_ci`): the
+    one form in which every evaluation metric is reported (``mean``, ``ci_low``, ``ci_high``)."""
+    lo, hi = bootstrap_ci(values)
+    return {"mean": sum(values) / len(values), "ci_low": lo, "ci_high": hi}

@@ -13,13 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from reasonrl.algos.rl_arc import answer_confidences
+from reasonrl.evaluate.answer_spans import answer_confidences
 from reasonrl.evaluate.calibration import auroc, brier_score, expected_calibration_error, overconfidence_rate
 from reasonrl.evaluate.diagnostics import diagnostic_metrics, find_citations, is_committed
-from reasonrl.evaluate.metrics import bootstrap_ci, distinct_correct, majority_answer, pass_at_k
+from reasonrl.evaluate.metrics import distinct_correct, majority_answer, mean_with_ci, pass_at_k
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rollout.episodes import sample_problems
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 # "confidence: 0.8", "Confidence = 80%", "confidence 0.75" (case-insensitive; the last one wins)
 _STATED = re.compile(r"confidence\s*[:=]?\s*([0-9]*\.?[0-9]+)\s*(%?)", re.IGNORECASE)
@@ -49,7 +49,7 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
     estimate of the sampling distribution's entropy); format failures are completions
     from which no answer can be extracted. ``group_metrics`` (a task's own quality
     measures of a problem's n completions, e.g. witness recovery) are averaged over problems.
-    ``task`` (optional) locates answer spans its own way (``algos.rl_arc.split_spans``).
+    ``task`` (optional) locates answer spans its own way (``evaluate.answer_spans.split_spans``).
     ``proxy(text, problem, num_tokens)`` is the surface reward of the reward-hacking
     diagnostics (default: ``proxy_length_keyword`` with ``max_len=max_new_tokens``);
     ``citation_validators`` the names they check citations with (default: all registered).
@@ -120,11 +120,6 @@ def _majority_correct(answers, correct) -> bool:
     return winner is not None and next(c for a, c in zip(answers, correct) if a == winner)
 
 
-def _with_ci(values: list[float]) -> dict[str, float]:
-    lo, hi = bootstrap_ci(values)
-    return {"mean": sum(values) / len(values), "ci_low": lo, "ci_high": hi}
-
-
 def calibration_metrics(confidence: list[float], correct: list[bool]) -> dict[str, float]:
     return {"ece": expected_calibration_error(confidence, correct), "brier": brier_score(confidence, correct),
             "auroc": auroc(confidence, correct), "overconfidence": overconfidence_rate(confidence, correct)}
@@ -132,12 +127,12 @@ def calibration_metrics(confidence: list[float], correct: list[bool]) -> dict[st
 
 def summarise(rows: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
     n = rows[0]["n"]
-    metrics: dict[str, Any] = {f"avg@{n}": _with_ci([r["correct"] / n for r in rows])}
+    metrics: dict[str, Any] = {f"avg@{n}": mean_with_ci([r["correct"] / n for r in rows])}
     if "greedy" in rows[0]:
-        metrics["greedy"] = _with_ci([float(r["greedy"]) for r in rows])
+        metrics["greedy"] = mean_with_ci([float(r["greedy"]) for r in rows])
     for k in ks:
-        metrics[f"pass@{k}"] = _with_ci([pass_at_k(n, r["correct"], k) for r in rows])
-        metrics[f"maj@{k}"] = _with_ci([float(r["maj"][k]) for r in rows])
+        metrics[f"pass@{k}"] = mean_with_ci([pass_at_k(n, r["correct"], k) for r in rows])
+        metrics[f"maj@{k}"] = mean_with_ci([float(r["maj"][k]) for r in rows])
     tokens = sum(r["tokens"] for r in rows)
     metrics["response_length"] = tokens / (n * len(rows))
     metrics["token_entropy"] = sum(r["nll"] for r in rows) / max(tokens, 1)
@@ -149,7 +144,7 @@ def summarise(rows: list[dict[str, Any]], ks: list[int]) -> dict[str, Any]:
         metrics.update(diagnostic_metrics(rows))
     if "group_metrics" in rows[0]:
         for key in rows[0]["group_metrics"]:
-            metrics[key] = _with_ci([float(r["group_metrics"][key]) for r in rows])
+            metrics[key] = mean_with_ci([float(r["group_metrics"][key]) for r in rows])
     return {"num_problems": len(rows), "n": n, "metrics": metrics,
             "per_problem": [{k: v for k, v in r.items() if k != "nll"} for r in rows]}
 

@@ -116,24 +116,3 @@ def model_folder(path: Path) -> Path:
     if (path / "model").is_dir() and (path / "state.pt").is_file():
         return path / "model"
     return path
-
-
-def load_for_eval(model: str, log=None) -> HFPolicy:
-    """What ``reasonrl eval --model`` accepts: ``tiny`` (the embedded model), a run folder
-    (its ``final_model``), a checkpoint folder, a LoRA adapter folder (loaded onto its base),
-    or anything ``load_hf_policy`` loads."""
-    if model == "tiny":
-        from reasonrl.policy.tiny import load_tiny_policy
-
-        return load_tiny_policy(log=log)
-    path = model_folder(Path(model))
-    adapter = path / "adapter_config.json"
-    if adapter.is_file():
-        import json
-
-        from peft import PeftModel
-
-        base = load_hf_policy(json.loads(adapter.read_text())["base_model_name_or_path"], log=log)
-        base.model = PeftModel.from_pretrained(base.model, str(path))
-        return base
-    return load_hf_policy(str(path) if path.exists() else model, log=log)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reasonrl.config import LoraConfig
+from reasonrl.sections import LoraConfig
 
 
 def apply_lora(model, cfg: LoraConfig):

@@ -22,7 +22,6 @@ held-out greedy accuracy next to the shipped one's)::
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from reasonrl.config import TinyConfig
+from reasonrl.sections import TinyConfig
 from reasonrl.fsutil import atomic_directory
 from reasonrl.policy.char_tokenizer import ARITHMETIC_CHARS, build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy, position_ids_from_mask
@@ -47,7 +46,7 @@ WARMUP_VERSION = 1
 # The shipped warmed-up weights of the default spec, and the file that names their spec and key.
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 SPEC_FILE = "tiny_spec.json"
-REBUILD_COMMAND = "python -m reasonrl.policy.tiny --rebuild-embedded"
+REBUILD_COMMAND = "python -m reasonrl.embedded --rebuild-embedded"
 # The held-out problems the rebuild command (and its test) measure a build on.
 EVAL_PROBLEMS, EVAL_MAX_NEW_TOKENS = 200, 32
 
@@ -167,52 +166,3 @@ def load_tiny_policy(spec: TinySpec | None = None, cache_dir: str | Path | None 
             policy.save(tmp)
             (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=1))
     return load_hf_policy(path)
-
-
-def heldout_accuracy(policy: HFPolicy) -> float:
-    """Greedy accuracy on the arithmetic task's held-out problems (what the quickstart starts from)."""
-    from reasonrl.evaluate.accuracy import greedy_accuracy
-
-    return greedy_accuracy(policy, ArithmeticTask().eval_problems(EVAL_PROBLEMS), EVAL_MAX_NEW_TOKENS)["accuracy"]
-
-
-def rebuild_embedded(folder: Path = EMBEDDED_DIR, log=print) -> tuple[float | None, float]:
-    """Build ``TinySpec()`` from scratch and replace the shipped weights in ``folder`` (atomically).
-    Returns the held-out greedy accuracy of the weights shipped before (None if none) and of the new build."""
-    spec = TinySpec()
-    old = heldout_accuracy(load_hf_policy(folder)) if (folder / "config.json").is_file() else None
-    log(f"building TinySpec() (key {spec.key()}, warm-up version {WARMUP_VERSION})")
-    policy = build_tiny_policy(spec, log=log)
-    with atomic_directory(folder, overwrite=True) as tmp:
-        policy.save(tmp)
-        new = heldout_accuracy(load_hf_policy(tmp))  # measured on the files as shipped
-        meta = {"key": spec.key(), "warmup_version": WARMUP_VERSION, "spec": asdict(spec),
-                "heldout_greedy_accuracy": new, "torch": torch.__version__,
-                "built": time.strftime("%Y-%m-%d")}
-        (tmp / SPEC_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-        # Readable by everyone, like the rest of the package (mkdtemp and safetensors create 0700/0600).
-        tmp.chmod(0o755)
-        for file in tmp.iterdir():
-            file.chmod(0o644)
-    return old, new
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reasonrl.policy.tiny", description=(
-        "The embedded tiny model. --rebuild-embedded builds the default spec (TinySpec()) from scratch and "
-        "replaces the weights shipped in the package (run it after changing the spec or WARMUP_VERSION)."))
-    parser.add_argument("--rebuild-embedded", action="store_true",
-                        help=f"rebuild the shipped weights in {EMBEDDED_DIR} (about a minute on 2 cores)")
-    args = parser.parse_args(argv)
-    if not args.rebuild_embedded:
-        parser.print_help()
-        return 2
-    old, new = rebuild_embedded()
-    shipped = "none" if old is None else f"{old:.3f}"
-    print(f"held-out greedy accuracy ({EVAL_PROBLEMS} problems): new build {new:.3f}, previously shipped {shipped}")
-    print(f"wrote {EMBEDDED_DIR} (key {TinySpec().key()})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

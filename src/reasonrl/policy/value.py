@@ -68,7 +68,7 @@ def value_model_from_policy(policy: HFPolicy) -> ValueModel:
 
 def value_model_from(other: HFPolicy, student: HFPolicy) -> ValueModel:
     """A value model on a separately built model, which must read ``student``'s token ids."""
-    from reasonrl.train.teacher import check_shared_vocabulary
+    from reasonrl.policy.teacher import check_shared_vocabulary
 
     check_shared_vocabulary(student.tokenizer, other.tokenizer, role="critic")
     backbone, hidden = _decoder_stack(other.model)

@@ -8,7 +8,7 @@ import torch
 
 from reasonrl.algos.overlong import soft_overlong_punishment
 from reasonrl.registry import REWARDS
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 ANSWER_RE = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
 # One or more `x op y = z` steps separated by ';', then the final answer.

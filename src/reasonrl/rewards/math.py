@@ -19,10 +19,10 @@ import re
 from typing import TYPE_CHECKING
 
 from reasonrl.registry import REWARDS
-from reasonrl.rewards.timeout import Status, TimeoutRunner
+from reasonrl.isolation.timeout import Status, TimeoutRunner
 
 if TYPE_CHECKING:  # keeps the verifier worker from importing the tasks package
-    from reasonrl.tasks.base import Problem
+    from reasonrl.problem import Problem
 
 __all__ = ["VerifierError", "VerifierTimeout", "extract_prediction", "answers_equivalent",
            "math_verify_reward"]

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from reasonrl.params import Range
 from reasonrl.registry import REWARDS
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 
 def keyword_density(completion: str, keyword: str) -> float:

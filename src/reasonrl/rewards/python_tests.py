@@ -2,7 +2,7 @@
 
 The code is the last fenced ```python block of the completion (``py``/``python3`` and a
 bare ``` fence count too), or the whole completion when it has no fenced block. It runs
-in :func:`reasonrl.rewards.sandbox.run_python` followed by ``problem.meta["tests"]`` (a
+in :func:`reasonrl.isolation.sandbox.run_python` followed by ``problem.meta["tests"]`` (a
 string of ``assert`` statements) and then a line that writes a random token to stderr: the
 reward is 1.0 iff the program ended with status ``"ok"`` *and* wrote the token (stderr,
 so that a solution's own prints cannot push it past the output bound), so code that
@@ -12,7 +12,7 @@ is always true, rewriting the program file to learn the token): see docs/sandbox
 
 The reward protocol returns a float, so the run's reason (``"exit code 1:
 AssertionError"``...) is not recorded per sample; :func:`check` returns the whole
-:class:`~reasonrl.rewards.sandbox.SandboxResult` for callers that want it.
+:class:`~reasonrl.isolation.sandbox.SandboxResult` for callers that want it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import re
 import secrets
 
 from reasonrl.registry import REWARDS
-from reasonrl.rewards.sandbox import SandboxResult, run_python
-from reasonrl.tasks.base import Problem
+from reasonrl.isolation.sandbox import SandboxResult, run_python
+from reasonrl.problem import Problem
 
 FENCE_RE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from reasonrl.registry import REWARDS, closest_match_hint
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 MARK_RE = re.compile(r"####[ \t]*([^\n]*)")

@@ -9,7 +9,7 @@ So does a call that runs past its timeout or whose process dies (segfault,
 Every call runs in a worker process forked from this one, under its timeout
 (``rewards[i].timeout_s``, default ``rollout.reward_timeout_s``); ``workers: N``
 gives a function N workers of its own. How calls are isolated, and what that
-costs, is in the docstring of :mod:`reasonrl.rewards.workers`.
+costs, is in the docstring of :mod:`reasonrl.isolation.workers`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from reasonrl.registry import REWARDS
-from reasonrl.rewards.workers import ERROR, FATAL, OK, Job, Workers, shorten
-from reasonrl.tasks.base import Problem
+from reasonrl.isolation.workers import ERROR, FATAL, OK, Job, Workers, shorten
+from reasonrl.problem import Problem
 
 if TYPE_CHECKING:
-    from reasonrl.config import Recipe
+    from reasonrl.sections import Recipe
 
 __all__ = ["RewardSpec", "Scores", "Scorer", "build_scorer", "group_reward", "DEFAULT_TIMEOUT_S"]
 
@@ -63,7 +63,7 @@ def group_reward(fn: Callable) -> Callable:
 def build_scorer(recipe: "Recipe") -> "Scorer":
     """The scorer of a recipe: ``recipe.rewards`` with their ``timeout_s``/``workers``,
     ``rollout.reward_timeout_s`` as the default timeout. Close it when done."""
-    from reasonrl.config import ConfigError
+    from reasonrl.params import ConfigError
 
     default = recipe.rollout.reward_timeout_s
     if not _valid_timeout(default):
@@ -79,7 +79,7 @@ class Scorer:
     """Scores completions with the weighted reward functions of ``specs``.
 
     Every call runs in a forked worker process under a timeout (see
-    :mod:`reasonrl.rewards.workers`); failures score 0 and are counted per function in
+    :mod:`reasonrl.isolation.workers`); failures score 0 and are counted per function in
     ``Scores.failures``. Use it as a context manager or call :meth:`close` to stop
     its workers (they are also stopped when it is garbage-collected, and at exit).
     """

@@ -107,7 +107,7 @@ class AsyncSource(RolloutSource):
         need(ro.workers == 1 or recipe.sampler.name == "stream",
              f"rollout.workers > 1 splits the steps between samplers, each with its own copy of the prompt "
              f"sampler; sampler '{recipe.sampler.name}' learns from results, so it needs rollout.workers: 1")
-        from reasonrl.config import flatten
+        from reasonrl.recipe import flatten
         from reasonrl.registry import only_in_this_process
 
         flat = flatten(recipe.to_dict())
@@ -226,7 +226,7 @@ class AsyncSource(RolloutSource):
     def _publish_lowrank(self, policy, version, step) -> None:
         """LoGRA sync: the updates since the last publish as (D_ℓ, k, α) and the seed, with the
         exact byte count beside that of the whole weights."""
-        from reasonrl.train.logra import lowrank_payload_bytes
+        from reasonrl.policy.lowrank import lowrank_payload_bytes
 
         payload = self.ctx.learner.take_updates()
         if not self.full_bytes:

@@ -14,13 +14,15 @@ import torch
 
 from reasonrl.algos.selection import zero_variance_groups
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import Recipe
+from reasonrl.sections import Recipe
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.rewards.scorer import Scorer
-from reasonrl.rollout.episodes import ENV_CHANNEL_KEY, sample_problems
+from reasonrl.dataflow import ENV_CHANNEL
+from reasonrl.rollout.episodes import sample_problems
 from reasonrl.rollout.samplers import PromptSampler
-from reasonrl.tasks.base import Problem, Task
+from reasonrl.problem import Problem
+from reasonrl.tasks.base import Task
 
 
 @dataclass
@@ -92,7 +94,7 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
         token_versions=token_versions,
         loss_mask=loss_mask,
         meta=meta,
-        aux={ENV_CHANNEL_KEY: samples.env_channels} if getattr(samples, "env_channels", None) is not None else {},
+        aux={ENV_CHANNEL: samples.env_channels} if getattr(samples, "env_channels", None) is not None else {},
     )
     return batch, scores.failures
 
@@ -159,7 +161,7 @@ def check_rollout_fits(recipe: Recipe, policy: HFPolicy, task: Task) -> None:
     """Refuse, before the run folder exists, a rollout whose sampling memory (KV cache plus the
     per-step logits of every row) exceeds the memory available: an absurd
     ``rollout.num_generations`` would otherwise fail as a terabyte allocation mid-run."""
-    from reasonrl.config import ConfigError
+    from reasonrl.params import ConfigError
 
     g, n = recipe.rollout.num_generations, recipe.train.prompts_per_step
     rows = g * n

@@ -26,7 +26,7 @@ def worker_main(recipe_dict: dict, threads: int, start: dict, inbox, outbox) -> 
     """A sampler's whole life: build it from the recipe, loop, report any failure."""
     try:
         torch.set_num_threads(threads)
-        from reasonrl.config import recipe_from_dict
+        from reasonrl.recipe import recipe_from_dict
         from reasonrl.rollout.sampler_worker import SamplerWorker
 
         SamplerWorker(recipe_from_dict(recipe_dict, "async sampler"), start).loop(inbox, outbox)

@@ -37,9 +37,8 @@ from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, right_pad, 
 from reasonrl.registry import ENVIRONMENTS
 
 # batch.aux key of the per-token environment channel (Environment.channels index + 1; 0 elsewhere).
-ENV_CHANNEL_KEY = "env_channel"
 
-__all__ = ["ENV_CHANNEL_KEY", "EpisodeRollout", "check_episodes", "episode_budget", "rollout_sampler", "sample_problems"]
+__all__ = ["EpisodeRollout", "episode_budget", "rollout_sampler", "sample_problems"]
 
 
 def sample_problems(sampler, problems, num_generations: int, max_new_tokens: int, temperature: float,
@@ -56,17 +55,6 @@ def rollout_sampler(policy, recipe):
     """What samples rollouts (and evaluations) for ``recipe``: ``policy`` itself, or the
     episode sampler over it when the recipe has an ``env``."""
     return EpisodeRollout(policy, recipe) if recipe.env is not None else policy
-
-
-def check_episodes(recipe, need) -> None:
-    """The recipe rules of ``env``."""
-    ro = recipe.rollout
-    need(not ro.simulated_partial and ro.prefix_check is None,
-         "rollout.simulated_partial and rollout.prefix_check act on single completions; an episode (env) "
-         "has several turns: drop them, or the env")
-    need(ro.max_episode_tokens == 0 or ro.max_episode_tokens >= ro.max_new_tokens,
-         f"rollout.max_episode_tokens={ro.max_episode_tokens} is below one turn's rollout.max_new_tokens="
-         f"{ro.max_new_tokens}; raise it, or 0 for max_turns x max_new_tokens")
 
 
 def episode_budget(recipe) -> int:

@@ -7,7 +7,7 @@ partial rollouts, made reproducible): with ``rollout.simulated_staleness: k`` ea
 first j tokens are sampled by the stale snapshot μ, and every row still running after j tokens
 continues under the learner's current weights π. Rows that ended within j tokens stay as
 sampled (fully stale). At the switch, a ``rollout.prefix_check`` decides each running row's
-stale prefix (RolloutVerify, specs/methods-a.md §9, INFERRED; math in ``reasonrl.algos.rollverify``):
+stale prefix (RolloutVerify, specs/methods-a.md §9, INFERRED; math in ``reasonrl.methods.rollverify.maths``):
 
 - ``keep``: continue from the whole prefix; its tokens keep μ's log-probs and version;
 - ``discard``: regenerate every running row from its prompt under π;
@@ -31,20 +31,17 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reasonrl.algos.rollverify import (TAU_SEQ, TAU_TOK, ops, speculative_verify, truncate_deterministic,
-                                       verification_metrics, verify_sequences)
-from reasonrl.params import Range
+from reasonrl.algos.prefix_shift import ops, verification_metrics
 from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, right_pad, sample_completions
 from reasonrl.registry import PREFIX_CHECKS
 
-__all__ = ["PrefixDecision", "PartialRollout", "check_partial", "keep", "discard", "rollverify_sequence",
-           "rollverify_token", "rollverify_deterministic"]
+__all__ = ["PrefixDecision", "PartialRollout", "check_partial", "keep", "discard"]
 
 PIPELINE = ("current_logprobs", "behaviour_logprobs", "current_probs", "behaviour_probs", "prefix_tokens",
             "prefix_mask", "generator")
@@ -73,37 +70,6 @@ def discard(prefix_mask: Tensor) -> PrefixDecision:
     """Drop every stale prefix and regenerate from the prompt under π (costs the prefix)."""
     none = torch.zeros(prefix_mask.shape[0], dtype=torch.long, device=prefix_mask.device)
     return PrefixDecision(kept=none, sequence_keep=none.bool())
-
-
-@PREFIX_CHECKS.register("rollverify_sequence")
-def rollverify_sequence(current_logprobs: Tensor, behaviour_logprobs: Tensor, prefix_mask: Tensor,
-                        tau_seq: Annotated[float, Range(ge=0)] = TAU_SEQ,
-                        form: Literal["mean_abs", "k3", "max_abs"] = "mean_abs") -> PrefixDecision:
-    """Keep a prefix whole if its OPS (``form``) ≤ τ_seq, else regenerate it from the prompt."""
-    ok = verify_sequences(ops(current_logprobs, behaviour_logprobs, prefix_mask)[form], tau_seq)
-    return PrefixDecision(kept=torch.where(ok, prefix_mask.long().sum(-1), 0), on_policy=True, sequence_keep=ok)
-
-
-@PREFIX_CHECKS.register("rollverify_token")
-def rollverify_token(current_probs: Tensor, behaviour_probs: Tensor, prefix_tokens: Tensor, prefix_mask: Tensor,
-                     generator: Optional[torch.Generator] = None) -> PrefixDecision:
-    """Speculative acceptance token by token; at the first rejection t* the token is drawn from
-    the residual norm(max(0, π − μ)), so the resumed rollout is distributed exactly as π."""
-    kept, replacement = speculative_verify(current_probs, behaviour_probs, prefix_tokens, prefix_mask, generator)
-    return PrefixDecision(kept=kept, replacement=replacement, on_policy=True)
-
-
-@PREFIX_CHECKS.register("rollverify_deterministic")
-def rollverify_deterministic(current_logprobs: Tensor, behaviour_logprobs: Tensor, prefix_mask: Tensor,
-                             tau_tok: Annotated[float, Range(ge=0)] = TAU_TOK) -> PrefixDecision:
-    """Cut at the first |d_t| > τ_tok; π's continuation resamples the token at the cut."""
-    return PrefixDecision(kept=truncate_deterministic(current_logprobs, behaviour_logprobs, prefix_mask, tau_tok),
-                          on_policy=True)
-
-
-# A check comparing the two sampling distributions has none to compare under greedy decoding.
-for _fn in (rollverify_sequence, rollverify_token, rollverify_deterministic):
-    _fn.compares_policies = True
 
 
 def check_partial(recipe, need, real: bool = False) -> None:

@@ -110,7 +110,7 @@ class SamplerWorker:
 
     def _apply_lowrank(self, version: int, published: int, payload: dict) -> None:
         """LoGRA sync: the learner's low-rank updates, applied to the weights held."""
-        from reasonrl.train.logra import apply_newer_updates
+        from reasonrl.policy.lowrank import apply_newer_updates
 
         apply_newer_updates(self.policy.model, self.version, payload)
         self.version, self.published = max(self.version, version), max(self.published, published)

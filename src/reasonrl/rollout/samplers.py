@@ -24,7 +24,7 @@ import torch
 
 from reasonrl.params import Range
 from reasonrl.registry import PROMPT_SAMPLERS
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 __all__ = ["PromptSampler", "TaskStream", "Learnability", "build_sampler", "weighted_choice"]
 

@@ -22,7 +22,8 @@ import random
 from dataclasses import dataclass
 
 from reasonrl.registry import TASKS
-from reasonrl.tasks.base import Problem, in_eval_split
+from reasonrl.problem import Problem
+from reasonrl.tasks.base import in_eval_split
 
 FORMS = ("a+b*c", "c*b+a", "(a+b)*c", "c*(a+b)")
 BRACKETED = {"(a+b)*c", "c*(a+b)"}

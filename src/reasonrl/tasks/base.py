@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-
-@dataclass(frozen=True)
-class Problem:
-    prompt: str
-    answer: str
-    # What a supervised warm-up would imitate; tasks without one leave it empty.
-    solution: str = ""
-    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+from reasonrl.problem import Problem
 
 
 class Task(Protocol):

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from reasonrl.registry import TASKS
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 from reasonrl.tasks.files import ProblemStream, Row, check_template, read_rows
 
 

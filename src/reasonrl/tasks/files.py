@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 
 SUPPORTED = ".jsonl, .json, .parquet or hf:<name>[:<split>]"
 

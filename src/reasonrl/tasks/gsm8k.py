@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reasonrl.registry import TASKS
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 from reasonrl.tasks.files import ProblemStream, Row, check_template, read_rows
 
 ANSWER_MARK = "####"

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from reasonrl.registry import TASKS
 from reasonrl.rewards import reasoning_gym as rg_reward  # registers the "reasoning_gym" reward
-from reasonrl.tasks.base import Problem
+from reasonrl.problem import Problem
 from reasonrl.tasks.files import ProblemStream, check_template
 
 DEFAULT_TEMPLATE = "Question: {question}\nGive the final answer between <answer> and </answer> tags.\nAnswer:"

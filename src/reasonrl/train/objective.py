@@ -25,7 +25,8 @@ from torch import Tensor
 from reasonrl.algos.losses import aggregate
 from reasonrl.algos.masked import masked_sum
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import ConfigError, LossConfig
+from reasonrl.params import ConfigError
+from reasonrl.sections import LossConfig
 from reasonrl.params import inject
 from reasonrl.policy.hf import HFPolicy, token_logprobs_and_entropy
 from reasonrl.registry import KL_ESTIMATORS, POLICY_LOSSES

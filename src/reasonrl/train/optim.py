@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import OptimConfig
+from reasonrl.sections import OptimConfig
 from reasonrl.registry import OPTIMIZERS, SCHEDULES
 
 __all__ = ["adamw", "sgd", "lr_multiplier", "Learner", "LossFn", "build_learner"]
@@ -130,7 +130,7 @@ class Learner:
         return sums, norms
 
     # The two seams of the loop; an optimiser that needs the model and the mini-batch (LoGRA's
-    # sketch hooks and probe, ``reasonrl.train.logra``) brings a subclass that overrides them.
+    # sketch hooks and probe, ``reasonrl.methods.logra.optimizer``) brings a subclass that overrides them.
     def begin_step(self, mini: RolloutBatch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -9,7 +9,7 @@ Each micro-batch contributes its sum divided by the mini-batch's token total, so
 accumulated gradient does not depend on the micro-batch split (the convention of the policy
 update, ``reasonrl.train.objective``). Log-probs are at temperature 1, in float32.
 
-Used by ExpDis's distillation step (``reasonrl.loops.expdis``); any loop that needs SFT on
+Used by ExpDis's distillation step (``reasonrl.methods.expdis.loop``); any loop that needs SFT on
 its own samples can call :func:`sft`.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import OptimConfig
+from reasonrl.sections import OptimConfig
 from reasonrl.train.optim import Learner
 
 __all__ = ["SFTExample", "examples_batch", "response_nll", "sft"]

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Protocol
 
-from reasonrl.config import flatten
+from reasonrl.recipe import flatten
 from reasonrl.fsutil import atomic_write_text
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")

@@ -1,12 +1,15 @@
 """The ``Trainer``: wires the stages together and runs the loop. No algorithm lives here.
 
-    source.next_batch (prompt sampler → sample G per prompt → score) → select → methods.extend_batch
-    → methods.annotate
-    → behaviour/proximal log-probs, off-policy weights → advantages → num_iterations passes over
-    mini-batches (the Learner) → methods.after_update → source.publish(weights) → repeat
+A step runs the stages of ``reasonrl.dataflow.STAGES`` in order, one method each::
+
+    rollout (prompt sampler → sample G per prompt → score) → select → extend_batch → token_reward
+    → annotate → behaviour (behaviour/proximal log-probs, off-policy weights) → advantage
+    → update (num_iterations passes over mini-batches, the Learner) → after_update
+
+then ``source.publish(weights)`` and the next step.
 
 No method is named here: components that own models or state come in through the method
-hooks (``reasonrl.methods``), optimisers and schedules through their registries
+hooks (``reasonrl.hooks``), optimisers and schedules through their registries
 (``reasonrl.train.optim``), prompts through the prompt sampler (``reasonrl.rollout.samplers``), batches through the rollout
 source (``reasonrl.rollout.sources``: sync, simulated staleness, async). Each batch records the
 ``policy_version`` (optimiser steps so far) that sampled it, so staleness is measured and bounded.
@@ -28,10 +31,12 @@ import torch
 from reasonrl.algos.kl import apply_kl_to_rewards
 from reasonrl.algos.masked import last_token_mask, masked_mean
 from reasonrl.batch import RolloutBatch
-from reasonrl.config import ConfigError, Recipe
+from reasonrl.dataflow import STAGE_NAMES
+from reasonrl.params import ConfigError
+from reasonrl.sections import Recipe
 from reasonrl.evaluate.evaluator import EvalResult, Evaluator
 from reasonrl.fsutil import atomic_write_text
-from reasonrl.methods.base import Method, MethodContext, build_methods
+from reasonrl.hooks import Method, MethodContext, build_methods
 from reasonrl.params import inject
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
@@ -43,7 +48,7 @@ from reasonrl.rollout.samplers import build_sampler
 from reasonrl.rollout.sources import SourceContext
 from reasonrl.tasks.base import build_task  # noqa: F401  (also part of this module's API)
 from reasonrl.train import checkpoint as ckpt
-from reasonrl.train.metrics import MetricsWriter, finite_or_none, read_metrics
+from reasonrl.metrics_log import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.behaviour import prepare_behaviour
 from reasonrl.train.objective import batch_logprobs, micro_batch_loss, reduce_stats, totals
 from reasonrl.train.optim import Learner, build_learner
@@ -73,6 +78,18 @@ class TrainState:
     base_eval_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     base_eval_per_problem: dict[str, list[float]] = field(default_factory=dict)
     wall_seconds: float = 0.0
+
+
+@dataclass
+class _Step:
+    """What the stages of one training step hand each other."""
+
+    step: int
+    watch: Stopwatch
+    started: float
+    batch: Any = None
+    stats: Any = None
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class Trainer:
@@ -116,7 +133,7 @@ class Trainer:
 
     def setup(self) -> None:
         """Build the pieces without running the loop, for a driver that calls ``train_step``
-        itself (a federated client: ``reasonrl.fed.client``); ``close`` releases them."""
+        itself (a federated client: ``reasonrl.methods.fed_grpo.client``); ``close`` releases them."""
         self._setup()
 
     def close(self) -> None:
@@ -218,52 +235,79 @@ class Trainer:
         return summary
 
     def train_step(self, step: int) -> dict[str, Any]:
+        """One step: the stages of ``reasonrl.dataflow.STAGES``, in that order (each ``_<stage>``
+        method below); a stage may end the step early (no rows left to train on)."""
+        s = _Step(step, Stopwatch(), time.perf_counter())
+        for stage in STAGE_NAMES:
+            if getattr(self, f"_{stage}")(s) is False:
+                return s.metrics
         r = self.recipe
-        watch = Stopwatch()
-        step_start = time.perf_counter()
-        batch, sampled, stats = self.source.next_batch(step, self.state.policy_version, watch)
-        metrics = {**self._rollout_metrics(sampled, stats), **self.source.metrics()}
-        pipeline = {"step": step, "total_steps": r.train.steps}
-        for (select, params), spec in zip(self.selectors, r.selection):
-            selected = inject(select, (batch,), pipeline, params)
-            batch, extra = selected if isinstance(selected, tuple) else (selected, {})
-            metrics.update({f"selection/{spec.name}/{k}": v for k, v in extra.items()})
-        for _, method in self.methods:  # e.g. guided continuations for groups that all failed
-            batch, extra = method.extend_batch(batch, step)
-            metrics.update(extra)
-        if self.token_reward is not None:  # only for the rows that will be trained on
-            with watch("score"):
-                fn, params = self.token_reward
-                batch.dense_rewards = dense_token_rewards(self.policy.tokenizer, batch, fn, params)
-        # An async source samples elsewhere and reports that time as sampler_sample.
-        sample_s = watch.seconds.get("sample") or watch.seconds.get("sampler_sample", 0.0)
-        metrics["perf/sample_tokens_per_s"] = stats.sampled_tokens / max(sample_s, 1e-9)
-        if len(batch) == 0:
-            metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
-            metrics["lr"] = self.learner.end_step()  # the schedule counts training steps, skipped or not
-            return metrics
-        with watch("logprob"):
-            for _, method in self.methods:
-                metrics.update(method.annotate(batch, step))
-            metrics.update(prepare_behaviour(batch, r, self.policy, self.state.policy_version, self.source.off_policy))
-            self._prepare_advantages(batch, step)
-        if any(method.holds_policy(step) for _, method in self.methods):
-            metrics["policy_held"] = 1  # e.g. a critic's warm-up: the policy waits for its baseline
-            metrics["lr"] = self.learner.end_step()
-        else:
-            metrics.update(self._optimise(batch, watch))
-        with watch("methods"):
-            for _, method in self.methods:
-                metrics.update(method.after_update(batch, step))
-                metrics.update(method.metrics())
-        train_seconds = sum(watch.seconds[k] for k in ("forward", "backward", "optimizer"))
-        tokens = float(batch.response_mask.sum())
+        train_seconds = sum(s.watch.seconds[k] for k in ("forward", "backward", "optimizer"))
+        tokens = float(s.batch.response_mask.sum())
         if train_seconds > 0:  # not on a step whose policy update was held
-            metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / train_seconds
-        metrics["train/rows"] = len(batch)
-        metrics.update(watch.metrics())
-        metrics["perf/step_s"] = round(time.perf_counter() - step_start, 4)
-        return metrics
+            s.metrics["perf/train_tokens_per_s"] = tokens * r.train.num_iterations / train_seconds
+        s.metrics["train/rows"] = len(s.batch)
+        s.metrics.update(s.watch.metrics())
+        s.metrics["perf/step_s"] = round(time.perf_counter() - s.started, 4)
+        return s.metrics
+
+    # -- the stages, in STAGES order -----------------------------------------------------
+    def _rollout(self, s: "_Step") -> None:
+        s.batch, sampled, s.stats = self.source.next_batch(s.step, self.state.policy_version, s.watch)
+        s.metrics = {**self._rollout_metrics(sampled, s.stats), **self.source.metrics()}
+
+    def _select(self, s: "_Step") -> None:
+        pipeline = {"step": s.step, "total_steps": self.recipe.train.steps}
+        for (select, params), spec in zip(self.selectors, self.recipe.selection):
+            selected = inject(select, (s.batch,), pipeline, params)
+            s.batch, extra = selected if isinstance(selected, tuple) else (selected, {})
+            s.metrics.update({f"selection/{spec.name}/{k}": v for k, v in extra.items()})
+
+    def _extend_batch(self, s: "_Step") -> None:
+        for _, method in self.methods:  # e.g. guided continuations for groups that all failed
+            s.batch, extra = method.extend_batch(s.batch, s.step)
+            s.metrics.update(extra)
+
+    def _token_reward(self, s: "_Step") -> None:
+        if self.token_reward is not None:  # only for the rows that will be trained on
+            with s.watch("score"):
+                fn, params = self.token_reward
+                s.batch.dense_rewards = dense_token_rewards(self.policy.tokenizer, s.batch, fn, params)
+        # Sampling is over: the rows to train on are final. An async source samples elsewhere and
+        # reports that time as sampler_sample.
+        sample_s = s.watch.seconds.get("sample") or s.watch.seconds.get("sampler_sample", 0.0)
+        s.metrics["perf/sample_tokens_per_s"] = s.stats.sampled_tokens / max(sample_s, 1e-9)
+
+    def _annotate(self, s: "_Step") -> bool:
+        if len(s.batch) == 0:
+            s.metrics["skipped"] = 1  # every group agreed on its reward: nothing to learn from
+            s.metrics["lr"] = self.learner.end_step()  # the schedule counts training steps, skipped or not
+            return False
+        with s.watch("logprob"):
+            for _, method in self.methods:
+                s.metrics.update(method.annotate(s.batch, s.step))
+        return True
+
+    def _behaviour(self, s: "_Step") -> None:
+        with s.watch("logprob"):
+            s.metrics.update(prepare_behaviour(s.batch, self.recipe, self.policy, self.state.policy_version,
+                                               self.source.off_policy))
+
+    def _advantage(self, s: "_Step") -> None:
+        with s.watch("logprob"):
+            self._prepare_advantages(s.batch, s.step)
+
+    def _update(self, s: "_Step") -> None:
+        if any(method.holds_policy(s.step) for _, method in self.methods):
+            s.metrics["policy_held"] = 1  # e.g. a critic's warm-up: the policy waits for its baseline
+            s.metrics["lr"] = self.learner.end_step()
+        else:
+            s.metrics.update(self._optimise(s.batch, s.watch))
+
+    def _after_update(self, s: "_Step") -> None:
+        with s.watch("methods"):
+            for _, method in self.methods:
+                s.metrics.update(method.after_update(s.batch, s.step))
 
     def _prepare_advantages(self, batch: RolloutBatch, step: int) -> None:
         r = self.recipe

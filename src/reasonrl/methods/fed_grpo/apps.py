@@ -1,0 +1,225 @@
+"""Flower's ServerApp and ClientApp for Fed-GRPO, the simulation, and the deployment apps.
+
+- ``simulate(recipe, out)``: Flower's Simulation Runtime (``flwr.simulation.run_simulation``)
+  on this machine: the ServerApp in this process, the C ClientApps on Ray (which Flower starts
+  and shuts down). One Ray actor gets every core, so clients train one after another with all
+  the cores torch can use, and each client's Trainer stays built between rounds.
+- ``server_app`` / ``client_app`` (module level): the same apps for Flower's deployment runtime
+  (``reasonrl fed-server`` / ``fed-client``, ``reasonrl.methods.fed_grpo.deploy``): they read the recipe (as
+  JSON) and the output folder from the run config, and the client's index and state folder from
+  its node config (``partition-id``, Flower's convention, and ``state-dir``).
+
+The server's output folder holds ``recipe.json``, ``metrics.jsonl`` (one row per round: the
+global model's held-out accuracy, S_c, w_c, R̄, bytes; ``reasonrl report`` reads it),
+``final_model/``, ``summary.json`` and ``server_state.pt`` (the last finished round, for
+``--resume``); each client keeps its own state in its own folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # Flower phones home otherwise; this machine need not
+
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp import Grid, ServerApp  # noqa: E402
+
+from reasonrl.recipe import recipe_from_dict
+
+from reasonrl.sections import Recipe  # noqa: E402
+from reasonrl.methods.fed_grpo.client import FedClient, RoundResult, STATE_FILE, fed_settings, recipe_fingerprint  # noqa: E402
+from reasonrl.methods.fed_grpo.codec import Layout  # noqa: E402
+from reasonrl.methods.fed_grpo.strategy import FedGRPOStrategy  # noqa: E402
+from reasonrl.fsutil import atomic_torch_save, atomic_write_text  # noqa: E402
+
+__all__ = ["simulate", "run_server", "client_train", "reply_content", "make_server_app", "make_client_app",
+           "server_app", "client_app"]
+
+RECIPE_KEY, OUT_KEY = "recipe-json", "out"
+SERVER_STATE = "server_state.pt"
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str], None] = _log,
+               on_reply: Callable[[Message], None] | None = None) -> dict[str, Any]:
+    """The federation's rounds on ``grid`` (Flower's ``Strategy.start``) with the global model's
+    held-out evaluation after each round (and before the first, as round 0).
+
+    After each round the server's state (global weights, R̄, the rounds' metrics) goes to
+    ``OUT/server_state.pt`` (atomically); when that file exists the run resumes after its round:
+    Flower's rounds 1, 2, ... are rounds r+1, r+2, ... of the federation (the strategy's offset),
+    ``metrics.jsonl`` drops any row after r, and each client starts from its state before the
+    repeated round (``FedClient``), so the result equals an uninterrupted run's."""
+    import torch
+
+    from reasonrl.evaluate.evaluator import Evaluator
+    from reasonrl.policy.factory import build_policy
+    from reasonrl.tasks.base import build_task
+    from reasonrl.metrics_log import MetricsWriter, finite_or_none
+
+    fed = fed_settings(recipe)
+    out = Path(out)
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    policy = build_policy(recipe.model, log=log)
+    evaluator = Evaluator(recipe, build_task(recipe))
+    layout = Layout.of(policy.weights())
+    strategy = FedGRPOStrategy(layout, fed, on_reply=on_reply)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
+    fingerprint, state_path = recipe_fingerprint(recipe), out / SERVER_STATE
+    evals: dict[int, dict[str, float]] = {}
+    start = policy.weights()
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        if state["federation"] != fingerprint:
+            raise ValueError(f"{state_path} belongs to another federation (its recipe differs from {out}/recipe.json)")
+        strategy.round_offset, strategy.global_reward = state["round"], state["global_reward"]
+        strategy.round_metrics, evals, start = state["round_metrics"], state["evals"], state["arrays"]
+        log(f"resuming after round {strategy.round_offset} of {fed['rounds']}")
+    done = strategy.round_offset
+    writer = MetricsWriter(out, resume_step=done + 1 if done else None)
+    latest = [start]
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        rnd = server_round + done
+        if server_round == 0 and done:  # Flower's initial evaluation of a resumed run: already done
+            return MetricRecord({k: float(v) for k, v in evals[done].items() if isinstance(v, (int, float))})
+        weights = arrays.to_torch_state_dict()
+        latest[0] = weights
+        policy.set_weights(weights)
+        metrics = evaluator(policy).metrics if evaluator.problems else {}
+        evals[rnd] = metrics
+        row = {f"eval/{k}": v for k, v in metrics.items()}
+        row.update({f"fed/{k}": v for k, v in strategy.round_metrics.get(rnd, {}).items()})
+        writer.write(rnd, row)
+        if rnd > 0:
+            atomic_torch_save(state_path, {"round": rnd, "arrays": weights, "global_reward": strategy.global_reward,
+                                           "evals": evals, "round_metrics": strategy.round_metrics,
+                                           "federation": fingerprint})
+        log(f"round {rnd}: held-out accuracy {metrics.get('accuracy', float('nan')):.3f}")
+        return MetricRecord({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
+
+    try:
+        strategy.start(grid, ArrayRecord(start), num_rounds=fed["rounds"] - done,
+                       timeout=fed["round_timeout_s"], evaluate_fn=evaluate)
+    finally:
+        writer.close()
+    policy.set_weights(latest[0])
+    policy.save(out / "final_model")
+    summary = {"run_dir": str(out), "rounds": fed["rounds"], "clients": fed["clients"],
+               "base_accuracy": evals.get(0, {}).get("accuracy"),
+               "final_accuracy": evals.get(fed["rounds"], {}).get("accuracy"),
+               "accuracy_by_round": {r: finite_or_none(m.get("accuracy")) for r, m in sorted(evals.items())},
+               "bytes_by_round": {r: m.get("bytes/total") for r, m in sorted(strategy.round_metrics.items())}}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+    return summary
+
+
+# Built clients by state folder, so a simulation's actor keeps each client's Trainer between
+# rounds; an entry is used only while the state file is the one it wrote (else rebuilt from it).
+_CLIENTS: dict[str, tuple[FedClient, int]] = {}
+
+
+def client_train(msg: Message, context: Context, recipe_dict: dict, out: str | Path) -> Message:
+    cid = int(context.node_config["partition-id"])
+    state_dir = Path(str(context.node_config.get("state-dir") or Path(out) / "clients" / f"client_{cid}"))
+    key, state_file = str(state_dir.resolve()), state_dir / STATE_FILE
+    config = msg.content["config"]
+    rnd = int(config["server-round"])
+    cached = _CLIENTS.pop(key, None)
+    mtime = state_file.stat().st_mtime_ns if state_file.is_file() else 0
+    if cached is not None and cached[1] == mtime and cached[0].round < rnd:
+        client = cached[0]
+    else:  # first round here, another process wrote the state, or a resumed server repeats a round
+        if cached is not None:
+            cached[0].close()
+        client = FedClient(recipe_from_dict(recipe_dict, "the federated recipe"), cid, state_dir, before_round=rnd)
+    rbar = float(config["global-reward"]) if "global-reward" in config else None
+    # An exception leaves the entry out of the cache: the next round rebuilds from the last saved state.
+    result = client.train_round(msg.content["arrays"].to_torch_state_dict(), rbar, rnd)
+    _CLIENTS[key] = (client, state_file.stat().st_mtime_ns)
+    return Message(reply_content(result, cid), reply_to=msg)
+
+
+def reply_content(result: RoundResult, cid: int) -> RecordDict:
+    """What a client sends back (the only shape ``strategy.check_reply`` accepts): the sparse
+    update's ``indices`` and ``values``, and the round's scalars."""
+    upd = result.update
+    return RecordDict({
+        "update": ArrayRecord({"indices": Array(upd.indices.numpy()), "values": Array(upd.values.numpy())}),
+        "metrics": MetricRecord({**result.report, "payload-bytes": upd.nbytes, "client-id": cid}),
+    })
+
+
+def make_server_app(recipe_dict: dict, out: str | Path, on_reply: Callable[[Message], None] | None = None) -> ServerApp:
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_server(grid, recipe_from_dict(recipe_dict, "the federated recipe"), out, on_reply=on_reply)
+
+    return app
+
+
+def make_client_app(recipe_dict: dict, out: str | Path) -> ClientApp:
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return client_train(msg, context, recipe_dict, out)
+
+    return app
+
+
+def simulate(recipe: Recipe, out: str | Path, client_app: ClientApp | None = None,
+             on_reply: Callable[[Message], None] | None = None) -> dict[str, Any]:
+    """Run the federation in Flower's simulation runtime; returns the server's summary.
+    ``client_app``: another ClientApp (a test's failing client); ``on_reply``: sees every reply."""
+    from flwr.simulation import run_simulation
+
+    fed = fed_settings(recipe)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)
+    raw = recipe.to_dict()
+    cores = os.cpu_count() or 1
+    run_simulation(server_app=make_server_app(raw, out, on_reply),
+                   client_app=client_app or make_client_app(raw, out),
+                   num_supernodes=fed["clients"],
+                   backend_config={"client_resources": {"num_cpus": cores, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": cores, "include_dashboard": False}})
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        raise RuntimeError(f"the federated simulation ended without a summary in {out}: see the log above")
+    return json.loads(summary_path.read_text())
+
+
+# -- the deployment apps (``flwr run``): recipe and output folder from the run config --------
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def _deployed_server(grid: Grid, context: Context) -> None:
+    raw = json.loads(str(context.run_config[RECIPE_KEY]))
+    run_server(grid, recipe_from_dict(raw, "the federated recipe"), str(context.run_config[OUT_KEY]))
+
+
+client_app = ClientApp()
+
+
+@client_app.train()
+def _deployed_client(msg: Message, context: Context) -> Message:
+    raw = json.loads(str(context.run_config[RECIPE_KEY]))
+    if "state-dir" not in context.node_config:  # fed-client always sets it; a bare flower-supernode may not
+        raise ValueError("a deployed Fed-GRPO client needs its node config's state-dir (reasonrl fed-client sets it)")
+    return client_train(msg, context, raw, str(context.node_config["state-dir"]))
