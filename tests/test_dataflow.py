@@ -191,3 +191,12 @@ def test_every_aux_key_read_is_declared():
     assert {"values", "seq_logprob", ENV_CHANNEL} <= set(reads), sorted(reads)  # the scan finds real reads
     undeclared = {k: v for k, v in reads.items() if k not in _declared_keys()}
     assert not undeclared, f"batch.aux keys read without any stage declaring them: {undeclared}"
+
+
+def test_a_selector_declares_the_reward_its_parameters_name():
+    """``mixed_quality`` gates on the scores of the reward its ``quality`` names: checked at load."""
+    with pytest.raises(ConfigError, match=r"selector 'mixed_quality' reads batch.meta\['reward/format'\]"):
+        mini_recipe(selection=[{"name": "mixed_quality", "quality": "format"}])
+    r = mini_recipe(selection=[{"name": "mixed_quality", "quality": "format"}],
+                    rewards=[{"name": "exact_answer"}, {"name": "format", "weight": 0.0}])
+    assert [c for s, _, _, c in declared_stages(r) if s == "select"] == [(meta_reward("format"),)]

@@ -64,17 +64,26 @@ STAGES: tuple[tuple[str, str], ...] = (
 STAGE_NAMES: tuple[str, ...] = tuple(name for name, _ in STAGES)
 
 
-def declares(produces: Iterable[str] = (), consumes: Iterable[str] = (), optional: Iterable[str] = ()) -> Callable:
-    """Decorator: the keys a registered function writes and reads (``optional``: reads when present)."""
+def declares(produces: Iterable[str] = (), consumes: Iterable[str] = (), optional: Iterable[str] = (),
+             by_params: Callable[[dict], tuple[Iterable[str], Iterable[str]]] | None = None) -> Callable:
+    """Decorator: the keys a registered function writes and reads (``optional``: reads when present).
+    ``by_params(params) -> (produces, consumes)`` adds the keys that depend on the recipe's
+    parameters of the function (a selector gating on the scores of the reward it is told to read)."""
     def mark(fn: Callable) -> Callable:
         fn.produces, fn.consumes, fn.optional = tuple(produces), tuple(consumes), tuple(optional)
+        fn.keys_by_params = by_params
         return fn
 
     return mark
 
 
-def _fn_keys(fn: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return tuple(getattr(fn, "produces", ())), tuple(getattr(fn, "consumes", ()))
+def _fn_keys(fn: Any, params: dict | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    produces, consumes = tuple(getattr(fn, "produces", ())), tuple(getattr(fn, "consumes", ()))
+    by_params = getattr(fn, "keys_by_params", None)
+    if by_params is not None and params is not None:
+        more_produces, more_consumes = by_params(dict(params))
+        produces, consumes = produces + tuple(more_produces), consumes + tuple(more_consumes)
+    return produces, consumes
 
 
 def declared_stages(r: Any) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
@@ -85,11 +94,11 @@ def declared_stages(r: Any) -> list[tuple[str, str, tuple[str, ...], tuple[str, 
     methods = [(name, cls.declared_keys(config)) for name, cls, config in method_specs(r)]
     by_stage: dict[str, list[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {s: [] for s in STAGE_NAMES}
     by_stage["rollout"].append((f"the rollout ({r.rollout.source})", rollout, ()))
-    by_stage["select"] = [(f"selector '{s.name}'", *_fn_keys(SELECTORS.get(s.name))) for s in r.selection]
+    by_stage["select"] = [(f"selector '{s.name}'", *_fn_keys(SELECTORS.get(s.name), s.params)) for s in r.selection]
     if r.token_reward is not None:
         by_stage["token_reward"].append((f"token_reward '{r.token_reward.name}'",
-                                         *_fn_keys(TOKEN_REWARDS.get(r.token_reward.name))))
-    by_stage["advantage"].append((f"advantage '{r.advantage.name}'", *_fn_keys(ADVANTAGES.get(r.advantage.name))))
+                                         *_fn_keys(TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params)))
+    by_stage["advantage"].append((f"advantage '{r.advantage.name}'", *_fn_keys(ADVANTAGES.get(r.advantage.name), r.advantage.params)))
     by_stage["update"].append((f"loss.policy '{r.loss.policy}'", *_fn_keys(POLICY_LOSSES.get(r.loss.policy))))
     suffix = {"extend_batch": " (its extend_batch)", "update": " (its loss term)", "after_update": " (after the update)"}
     hook = {"update": "loss_term"}

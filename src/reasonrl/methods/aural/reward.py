@@ -34,6 +34,7 @@ import torch
 
 from reasonrl.algos.selection import zero_variance_groups
 from reasonrl.params import Range
+from reasonrl.dataflow import declares, meta_reward
 from reasonrl.registry import REWARDS, SELECTORS
 from reasonrl.rewards.basic import exact_answer
 from reasonrl.problem import Problem
@@ -109,6 +110,7 @@ def length_by_difficulty(completions: list[str], buckets: list[str], marker: str
 
 
 @SELECTORS.register("mixed_quality")
+@declares(by_params=lambda params: ((), (meta_reward(params.get("quality", "exact_answer")),)))
 def mixed_quality(batch, *, quality: str = "exact_answer",
                   threshold: float = 0.5,
                   difficulty: Literal["form", "answer_digits"] = "form"):
