@@ -33,7 +33,7 @@ import reasonrl.train.optim  # noqa: F401  (optimisers and LR schedules)
 
 # Research methods, one package each: every package under ``reasonrl/methods/`` is imported, so a new
 # method is its package, a recipe, a test file and a docs page, and nothing here changes.
-import reasonrl.methods  # noqa: E402
+import reasonrl.methods
 
 
 def _method_packages() -> list[str]:

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
+from reasonrl.registry import METHODS, ROLLOUT_SOURCES
+
 if TYPE_CHECKING:  # annotations only: loading a recipe (which reads these hooks) imports no torch
     from reasonrl.batch import RolloutBatch
 
@@ -132,8 +134,6 @@ def need_learner_scorer(recipe: Any, need: Callable[[bool, str], None], what: st
     ``ctx.scorer`` (a teacher's screening, guided continuations, synthetic tasks): the rollout
     source must score in the learner; one that scores in its samplers (async) leaves the
     methods no scorer. ``what``: what the method does there, for the message."""
-    from reasonrl.registry import ROLLOUT_SOURCES
-
     source = recipe.rollout.source
     need(getattr(ROLLOUT_SOURCES.get(source), "scores_in_learner", False),
          f"{what} with the run's reward functions in the learner; rollout.source '{source}' scores elsewhere: "
@@ -153,8 +153,6 @@ def method_specs(recipe: Any) -> list[tuple[str, type, Any]]:
     """The recipe's methods as (name, class, config): those enabled by their own section first
     (in registry order), then the ``methods:`` list in its order. ``config`` is the section
     object, or the parameter mapping of a ``methods:`` entry."""
-    from reasonrl.registry import METHODS
-
     specs = []
     for name in METHODS.names():
         cls = METHODS.get(name)

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable
 __all__ = ["Status", "CallResult", "TimeoutRunner", "run_with_timeout", "default_runner"]
 
 # The worker is started from timeout_worker.py by path, not with ``-m``, so that starting
-# it never imports ``reasonrl.rewards/__init__`` (and with it torch: ~2 s, ~200 MB).
+# it imports no package ``__init__`` (``reasonrl.rewards/__init__`` once pulled in torch: ~2 s, ~200 MB).
 # ``-P`` keeps the current directory off sys.path until the parent's sys.path arrives,
 # so a stray ``pickle.py`` in the working directory cannot shadow the stdlib.
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timeout_worker.py")

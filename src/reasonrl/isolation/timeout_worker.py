@@ -3,7 +3,7 @@
 ``timeout.py`` starts ``python -P -c <bootstrap> <this file>``: the worker loads this
 file *by path* and runs :func:`worker_main`, which serves ``load``/``call`` messages
 over its stdin/stdout pipes until EOF. It lives apart from the runner so that the
-worker never imports ``reasonrl.rewards/__init__`` (and with it torch: ~2 s, ~200 MB);
+worker imports no package ``__init__`` (``reasonrl.rewards/__init__`` once pulled in torch: ~2 s, ~200 MB);
 that is also why it imports nothing but the standard library and two stdlib-only
 siblings, which it loads by path too when it was loaded by path: ``frames.py`` (every
 message, either way, is a frame with an 8-byte length header,

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from reasonrl.perf import Stopwatch
+from reasonrl.policy.lowrank import lowrank_payload_bytes
 from reasonrl.rollout.partial import check_partial
 from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.sampler_worker import POLL_S, SamplerWorker, admission_lag  # noqa: F401  (SamplerWorker: re-exported)
@@ -226,7 +227,6 @@ class AsyncSource(RolloutSource):
     def _publish_lowrank(self, policy, version, step) -> None:
         """LoGRA sync: the updates since the last publish as (D_ℓ, k, α) and the seed, with the
         exact byte count beside that of the whole weights."""
-        from reasonrl.policy.lowrank import lowrank_payload_bytes
 
         payload = self.ctx.learner.take_updates()
         if not self.full_bytes:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from reasonrl.perf import Stopwatch
+from reasonrl.policy.lowrank import apply_newer_updates
 from reasonrl.rollout.sources import optimizer_steps_per_step
 
 __all__ = ["SamplerWorker", "admission_lag", "POLL_S"]
@@ -110,7 +111,6 @@ class SamplerWorker:
 
     def _apply_lowrank(self, version: int, published: int, payload: dict) -> None:
         """LoGRA sync: the learner's low-rank updates, applied to the weights held."""
-        from reasonrl.policy.lowrank import apply_newer_updates
 
         apply_newer_updates(self.policy.model, self.version, payload)
         self.version, self.published = max(self.version, version), max(self.published, published)
