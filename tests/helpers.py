@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from reasonrl.config import recipe_from_dict
+from reasonrl.registry import REWARDS
 from reasonrl.methods.fsg.task import KINDS, build_problem
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy
@@ -579,3 +580,15 @@ def fsg_scripted_samples(monkeypatch):
         return s
 
     monkeypatch.setattr(collect, "sample_problems", scripted)
+
+
+@contextmanager
+def registered(**fns):
+    """Register reward functions under test-only names, and remove them afterwards."""
+    for name, fn in fns.items():
+        REWARDS._items[name] = fn
+    try:
+        yield
+    finally:
+        for name in fns:
+            del REWARDS._items[name]

@@ -162,7 +162,7 @@ def test_fed_client_restarts_its_supernode_and_gives_up_on_quick_exits(tmp_path,
 
 def test_a_flower_process_dies_with_the_command_that_started_it(tmp_path):
     """fed-server/fed-client killed with SIGKILL (no chance to stop what they started): the
-    kernel sends their Flower process SIGTERM (Linux's parent-death signal), nothing is orphaned."""
+    kernel sends their Flower process SIGKILL (Linux's parent-death signal), nothing is orphaned."""
     code = ("import os, sys, time; from reasonrl.methods.fed_grpo.deploy import _start; "
             "p = _start([sys.executable, '-c', 'import time; time.sleep(60)'], dict(os.environ)); "
             "print(p.pid, flush=True); time.sleep(60)")
@@ -228,3 +228,36 @@ def test_real_processes_survive_a_client_killed_mid_round(tmp_path):
     assert summary["rounds"] == 3 and summary["final_accuracy"] is not None
     assert (out / "final_model").is_dir() and (tmp_path / "client0" / "client_state.pt").is_file()
     assert json.loads(r[0] and (out / "recipe.json").read_text())["methods"][0]["rounds"] == 3
+
+
+def test_killed_fed_server_and_client_leave_no_flower_process(tmp_path):
+    """fed-server and fed-client killed with SIGKILL (no chance to stop what they started) while
+    the ServerApp waits for its other clients: every process under them — ``flwr run``, the
+    SuperLink, the SuperNode, their SuperExecs (sessions of their own) and the ServerApp — is gone
+    within seconds. Before, the orphaned ``flwr run`` held the SuperLink's log stream open, the
+    SuperLink's graceful shutdown waited for it, and all of them outlived the kill by minutes."""
+    out, port = tmp_path / "server", free_port()
+    sets = [f"model.tiny.{k}={v}" for k, v in MINI_TINY.items()] + ["eval.size=4", "log.progress=false"]
+    server = start(["fed-server", str(ROOT / "recipes" / "fed_grpo.yaml"), "-o", str(out), "--port", str(port),
+                    "--insecure", *[a for s in sets for a in ("--set", s)]], tmp_path / "server.log")
+    client = start(["fed-client", "--client", "0", "--superlink", f"127.0.0.1:{port}", "--insecure",
+                    "--state-dir", str(tmp_path / "client0"), "--port", str(free_port())], tmp_path / "client.log")
+    tree: list = []
+    left: list = []
+    try:  # round 0's evaluation written: the ServerApp runs reasonrl's code; round 1 waits for 3 clients
+        wait_for(lambda: 0 in rows(out), 300, "the server's round 0", [server, client])
+        tree = [c for p in (server, client) for c in psutil.Process(p.pid).children(recursive=True)]
+        names = [cmdline(p).split(" ")[1].rsplit("/", 1)[-1] for p in tree]
+        assert sorted(names) == ["flower-superexec", "flower-superexec", "flower-superlink", "flower-supernode",
+                                 "flwr", "flwr-serverapp"], names
+        server.kill()
+        client.kill()
+        _, alive = psutil.wait_procs(tree, timeout=20)  # generous: "it did not hang"
+        left = [p for p in alive if status(p) not in (psutil.STATUS_ZOMBIE, None)]
+    finally:
+        for p in [server, client, *tree]:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                p.kill()
+        server.wait()
+        client.wait()
+    assert not left, f"Flower processes outlived the killed fed-server/fed-client: {[cmdline(p) for p in left]}"

@@ -61,3 +61,24 @@ def test_a_killed_ray_worker_is_reported_and_replaced(tmp_path, user_ray, monkey
     assert per_step(rows, "async/sampler_restarts")[5] >= 1
     assert any("sampler actor died" in m for m in logs)
     assert_each_step_trained_its_own_prompts(recipe, prompts)
+
+
+def test_a_ray_worker_at_staleness_1_resumes_exactly(tmp_path, user_ray, monkeypatch):
+    """Issue 29 item 9 with Ray: the checkpoint holds the batch the worker sampled ahead with
+    pre-checkpoint weights; the resumed run trains it, the worker starts after it with the
+    checkpoint's weights, and weights and metrics are the straight run's. (With two or more
+    workers a worker waits for weights while the learner trains another's batch, so which
+    weights it meets is timing, uninterrupted or not.)"""
+    from helpers import crash_at_step
+
+    recipe = learning_recipe(train={"steps": 4, "threads": 1, "checkpoint_every": 1}, off_policy={"name": "tis"},
+                             rollout={"source": "async", "engine": "ray", "max_staleness": 1, "partial": False,
+                                      "sampler_threads": 1})
+    Trainer(recipe, tmp_path / "straight", **QUIET).run()
+    with crash_at_step(monkeypatch, 2):
+        Trainer(recipe, tmp_path / "resumed", **QUIET).run()
+    Trainer(recipe, tmp_path / "resumed", resume=True, **QUIET).run()
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert comparable_across_sources(a, drop=("perf/",)) == comparable_across_sources(b, drop=("perf/",))
+    assert same_weights(tmp_path / "straight", tmp_path / "resumed")
+    assert per_step(a, "offpolicy/staleness_max") == {1: 0.0, 2: 1.0, 3: 1.0, 4: 1.0}

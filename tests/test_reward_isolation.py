@@ -4,6 +4,7 @@ Wall time is never asserted except as a generous upper bound that a hang would b
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -11,15 +12,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import psutil
 import pytest
 
-from helpers import mini_recipe
+from helpers import mini_recipe, registered
 from reasonrl.config import ConfigError, recipe_from_dict
-from reasonrl.registry import REWARDS
 from reasonrl.rewards.scorer import RewardSpec, Scorer, build_scorer, group_reward
 from reasonrl.problem import Problem
 
@@ -47,16 +45,6 @@ def no_leftovers():
     assert live_children() - before == set()
 
 
-@contextmanager
-def registered(**fns):
-    """Register reward functions under test-only names, and remove them afterwards."""
-    for name, fn in fns.items():
-        REWARDS._items[name] = fn
-    try:
-        yield
-    finally:
-        for name in fns:
-            del REWARDS._items[name]
 
 
 def rows(texts):
@@ -259,11 +247,12 @@ ROWS_PER_STEP = 16  # mini_recipe: 4 prompts × 4 generations
 
 def hang_on_some_calls(completion, problem, *, log: str, **_):
     """Hangs on calls 3 and 10 of every step (by call count, kept in a file: worker state is lost
-    when a hung worker is replaced); writes H for a hung call, . for the others."""
-    path = Path(log)
-    index = len(path.read_text().splitlines()) if path.exists() else 0
-    hang = index % ROWS_PER_STEP in (3, 10)
-    with path.open("a") as f:
+    when a hung worker is replaced); writes H for a hung call, . for the others. Under a lock:
+    after a timeout the step's other calls run side by side."""
+    with open(log, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        hang = len(f.read().splitlines()) % ROWS_PER_STEP in (3, 10)
         f.write("H\n" if hang else ".\n")
     if hang:
         time.sleep(3600)

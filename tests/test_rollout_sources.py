@@ -287,3 +287,81 @@ def test_async_kill_9_leaves_no_sampler_behind_and_resumes_exactly_at_staleness_
 
     a, b = kill_9_and_resume(tmp_path, raw, 3, at_kill)
     assert comparable_across_sources(a) == comparable_across_sources(b)
+
+
+def test_async_kill_9_and_resume_at_staleness_1_is_the_straight_run(tmp_path):
+    """Issue 29 item 9: at ``max_staleness: 1`` the batch of step k+1 is sampled ahead with the
+    weights before step k's update. A run killed after the checkpoint of step k and resumed
+    trains that very batch (the checkpoint holds it), so weights and metrics are the straight
+    run's, bit for bit (before: the resumed sampler restarted at staleness 0 and the weights
+    drifted by ~1e-3)."""
+    raw = {"model": {"backend": "tiny"}, "task": {"name": "arithmetic"}, "optim": {"lr": 1e-3},
+           "rollout": {"num_generations": 4, "max_new_tokens": 32, "source": "async", "max_staleness": 1,
+                       "partial": False, "sampler_threads": 1},
+           "off_policy": {"name": "tis", "cap": 2.0},
+           "train": {"steps": 6, "prompts_per_step": 4, "checkpoint_every": 1, "micro_batch_size": 8, "threads": 1},
+           "eval": {"size": 8}, "log": {"plots": False, "progress": False}}
+    a, b = kill_9_and_resume(tmp_path, raw, 3)
+    assert comparable_across_sources(a, drop=("perf/",)) == comparable_across_sources(b, drop=("perf/",))
+    assert set(per_step(a, "offpolicy/staleness_max").values()) == {0.0, 1.0}  # it did run one step ahead
+
+
+def test_a_checkpoint_holds_the_batch_sampled_ahead_as_plain_data(tmp_path, monkeypatch):
+    """At ``max_staleness: 1`` the checkpoint after step 3 waits for the batch of step 3 and stores
+    it as tensors and plain data (read back with ``weights_only=True``); the resumed source trains
+    that batch as it was and starts its sampler after it, not after the last trained batch."""
+    from dataclasses import replace
+
+    from reasonrl.perf import Stopwatch
+    from reasonrl.problem import Problem
+    from reasonrl.rollout.async_source import AsyncSource
+    from reasonrl.rollout.collect import CollectStats
+    from reasonrl.rollout.sources import SourceContext
+
+    problems = [Problem("1+1=", "2", meta={"form": "a+b", "span": (0, 3)}) for _ in range(6)]
+    sampled = replace(table_batch(), policy_version=2, sample_logprobs=-torch.rand(6, 5),
+                      meta={"problem": problems, "completion": ["2"] * 6, "reward/correct": [1.0] * 6})
+    stats = CollectStats(sampled_groups=3, sampled_tokens=17, reward_failures={"correct": 1},
+                         prompt_sampler_metrics={"sampler/x": 0.5})
+    after = {"step": 4, "generator": torch.Generator().manual_seed(7).get_state(), "sampler": {}}
+
+    class Sampler:  # an endpoint whose batch of step 3 arrives at the third poll
+        def __init__(self, recipe=None, threads=1, start=None):
+            self.start, self.polls = start, 0
+
+        def receive(self, timeout):
+            self.polls += 1
+            return ("batch", 3, sampled, sampled, stats, {"sample": 1.5}, after) if self.polls == 3 else None
+
+        def send(self, message):
+            pass
+
+    monkeypatch.setattr("reasonrl.rollout.endpoints.LocalEndpoint", Sampler)
+    recipe = mini_recipe(train={"steps": 6}, rollout={"source": "async", "max_staleness": 1})
+    policy = type("Policy", (), {"weights": lambda self: {}})()
+
+    def source():
+        s = AsyncSource(SourceContext(recipe=recipe, policy=policy, scorer=None, task=None, sampler=None,
+                                      generator=None, log=print))
+        s.resume_from = [{"step": 3, "sampler": {}}]
+        return s
+
+    straight = source()
+    straight.version, straight.step = 2, 3  # published after step 2: the batch of step 3 is older
+    straight._spawn(0)
+    torch.save(straight.state_dict(), tmp_path / "state.pt")
+    assert straight.endpoints[0].polls == 3  # it waited for the batch
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)  # plain data: no code runs on load
+
+    resumed = source()
+    resumed.load_state_dict(saved)
+    resumed.version, resumed.step = 2, 3
+    resumed._spawn(0)
+    assert resumed.endpoints[0].start["step"] == 4
+    assert torch.equal(resumed.endpoints[0].start["generator"], after["generator"])
+    batch, every, got = resumed.next_batch(3, 3, Stopwatch())
+    assert resumed.endpoints[0].polls == 0  # trained from the checkpoint
+    assert torch.equal(batch.completion_ids, sampled.completion_ids) and batch.policy_version == 2
+    assert torch.equal(batch.sample_logprobs, sampled.sample_logprobs) and batch.advantages is not None
+    assert batch.meta["problem"] == problems and batch.meta["problem"][0].meta == {"form": "a+b", "span": (0, 3)}
+    assert got == stats and resumed.resume_from[0]["step"] == 4

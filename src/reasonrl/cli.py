@@ -17,7 +17,7 @@ from reasonrl.registry import UnknownNameError
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from reasonrl.train.trainer import RECIPE_FILE, Trainer
+    from reasonrl.train.trainer import RECIPE_FILE, NonFiniteError, Trainer
 
     if args.resume:
         run_dir = Path(args.resume)
@@ -34,7 +34,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = Path(args.output) if args.output else default_run_dir(recipe, args.recipe)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"output folder {run_dir} is not empty; use --resume {run_dir} to continue it")
-    summary = Trainer(recipe, run_dir, resume=bool(args.resume)).run()
+    try:
+        summary = Trainer(recipe, run_dir, resume=bool(args.resume)).run()
+    except NonFiniteError as exc:  # a diagnosis, not a crash: no traceback
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "base_accuracy", "final_accuracy", "wall_seconds")}))
     return 0
 

@@ -82,6 +82,9 @@ class RewardConfig(Component):
     """Seconds one call may take before it scores 0 and counts as a failure (null: ``rollout.reward_timeout_s``)."""
     workers: Annotated[int, Range(ge=0)] = 0
     """Worker processes that score this function's calls in parallel (slow verifiers); 0: the one worker shared by all such rewards."""
+    worker_memory_mb: Annotated[int, Range(ge=0)] | None = None
+    """MiB the worker's address space may grow by during one call (RLIMIT_AS); past it the call
+    scores 0 and counts as a failure (0: no limit; null: ``rollout.reward_memory_mb``)."""
 
 
 @dataclass
@@ -89,6 +92,11 @@ class RolloutConfig:
     num_generations: Annotated[int, Range(ge=2, why="a group needs a baseline")] = 8
     """G: completions sampled per prompt (TRL ``num_generations``)."""
     max_new_tokens: Annotated[int, Range(ge=1)] = 32
+    overlong_prompts: Literal["error", "skip", "truncate"] = "error"
+    """A prompt whose tokens plus ``max_new_tokens`` exceed the model's context, checked for every
+    row at load (``reasonrl.tasks.lengths``): ``error`` names its file and line and stops before
+    the run folder exists; ``skip`` drops such rows; ``truncate`` keeps the end of each prompt
+    that fits (as TRL's ``max_prompt_length`` does). Both log how many."""
     temperature: Annotated[float, Range(ge=0)] = 1.0
     stop: list[str] | None = None
     """Strings that end a completion (e.g. "\\n\\nQuestion:"); default: the task's ``stop_strings``."""
@@ -100,6 +108,9 @@ class RolloutConfig:
     reward_timeout_s: Annotated[float, Range(gt=0)] = 30.0
     """Default ``rewards[i].timeout_s``: a reward call still running after this many seconds is
     killed (its worker process is replaced) and scores 0, counted in ``reward_failures/<name>``."""
+    reward_memory_mb: Annotated[int, Range(ge=0)] = 4096
+    """Default ``rewards[i].worker_memory_mb``: MiB a reward worker's address space may grow by
+    during one call; an allocation past it fails, the call scores 0 and is counted (0: no limit)."""
     source: str = "sync"
     """Where training batches come from (``ROLLOUT_SOURCES``): ``sync`` samples each step's batch
     with the current weights, then learns; ``async`` samples in its own process (or Ray actors,
@@ -221,6 +232,10 @@ class TrainConfig:
     group (exact; pays off when prompts are long, e.g. few-shot)."""
     checkpoint_every: Annotated[int, Range(ge=1)] = 50
     keep_checkpoints: int = 2
+    max_nonfinite_steps: Annotated[int, Range(ge=1)] = 3
+    """Stop the run with an error after this many training steps in a row that skipped an update
+    because its loss or gradient norm was not finite (a skipped update changes no weight and no
+    optimiser state; each is logged as ``train/nonfinite_updates``)."""
     threads: int = 0
     """torch intra-op threads; 0 = leave torch's default."""
 

@@ -2,8 +2,11 @@
 
 Both ends of :class:`~reasonrl.isolation.workers.Workers` speak it. The parent sends
 a chunk of calls as one frame, a pickled list of ``(k, payload)``; the worker
-answers each call with one frame, a pickled ``(status, value)``, as soon as that
-call is done, so the parent knows which call is running and when it started. A
+says ``(STARTED, None)`` once it has read the chunk, then answers each call with one
+frame, a pickled ``(status, value)``, as soon as that call is done, so the parent
+knows which call is running and when it started. A call's timeout counts from then,
+not from when the parent sent it: a worker just forked from a big process may take a
+while to get there (:data:`START_GRACE_S` at most). A
 frame is a 4-byte length (:data:`HEADER`, ``frames.HEADER_U32``) and then that many
 bytes of pickle; writing and reading one is in :mod:`reasonrl.isolation.frames`,
 shared with the timeout runner (whose header is 8 bytes).
@@ -25,10 +28,14 @@ from typing import Any, Callable
 from reasonrl.isolation.frames import HEADER_U32, read_frame, write_all
 from reasonrl.isolation.frames import frame as _frame
 
-__all__ = ["Worker", "Call", "OK", "ERROR", "FATAL", "TIMEOUT", "CRASH", "HEADER", "frame", "read_frames", "serve"]
+__all__ = ["Worker", "Call", "OK", "ERROR", "FATAL", "TIMEOUT", "CRASH", "STARTED", "START_GRACE_S", "HEADER", "frame",
+           "read_frames", "serve"]
 
 OK, ERROR, FATAL = "ok", "error", "fatal"  # worker replies; fatal = error, then the worker exits
 TIMEOUT, CRASH = "timeout", "crash"  # failures seen by the parent
+STARTED = "started"  # the worker has read a chunk: the first call's clock starts
+START_GRACE_S = 10.0
+"""How long a worker may take to read a chunk, on top of its first call's timeout."""
 
 Call = Callable[[int, tuple], "tuple[str, Any]"]
 """``call(k, payload) -> (status, value or error message)``, run in a worker: the status
@@ -68,6 +75,9 @@ def read_frames(w: Worker, data: bytes) -> str | None:
             break
         status, value = pickle.loads(w.buf[offset + HEADER.size:offset + HEADER.size + size])
         offset += HEADER.size + size
+        if status == STARTED:
+            w.deadline = time.monotonic() + w.jobs[0].timeout
+            continue
         job = w.jobs.popleft()
         if status == OK:
             job.status, job.value = OK, value
@@ -89,6 +99,7 @@ def serve(req_fd: int, res_fd: int, call: Call) -> None:
         blob = read_frame(req_fd, HEADER)
         if blob is None:
             return
+        write_all(res_fd, frame(pickle.dumps((STARTED, None), protocol=pickle.HIGHEST_PROTOCOL)))
         for k, payload in pickle.loads(blob):
             status, value = call(k, payload)
             write_all(res_fd, frame(pickle.dumps((status, value), protocol=pickle.HIGHEST_PROTOCOL)))

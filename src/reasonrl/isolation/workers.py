@@ -17,11 +17,47 @@ Every call runs in a worker process forked from the scorer's process
   ``spawn``/``forkserver`` pool could not either. Only the rows (text, Problem,
   token count, truncation flag) and the float results cross the pipe.
 * **Timeouts that always work.** The parent enforces a per-call deadline
-  (``rewards[i].timeout_s``, default ``rollout.reward_timeout_s``); a worker past
-  it is killed with SIGKILL — with its whole process group, so whatever it
-  started (a sandbox) goes too — and reaped, the call scores 0 and the remaining
-  rows go to a fresh worker. ``signal.alarm`` only works in the main thread and a
-  thread cannot be interrupted in C code holding the GIL (see ``timeout.py``).
+  (``rewards[i].timeout_s``, default ``rollout.reward_timeout_s``), counted from
+  when the worker has read the call (``worker_protocol.py``); a worker past it is
+  killed with SIGKILL, with everything it started (below), and reaped, the call
+  scores 0 and the remaining rows go to a fresh worker. ``signal.alarm`` only
+  works in the main thread and a thread cannot be interrupted in C code holding
+  the GIL (see ``timeout.py``).
+* **Hanging calls time out side by side.** One after another, B hanging calls
+  would cost B·timeout_s. Once a call of a function has timed out in a run, that
+  function's other calls of the run go out one per worker, to its own pool and to
+  up to ``max(4, cores)`` (at most 16) extra workers forked for the rest of the
+  run: about ``ceil(B / (extra + pool size))`` timeouts (8 calls that sleep
+  forever at ``timeout_s=1``: 8.5 s before, 3.4 s now, 2 cores). More extras
+  than cores: a hanging call mostly waits. Values, positions and failure counts
+  are the same whichever worker ran a call. The workers a run killed are
+  replaced at its end, and its extra workers killed.
+* **What a reward starts dies with its worker** — on a timeout, at
+  :meth:`Scorer.close`, when the scorer is collected and at interpreter exit —
+  even a process in a session of its own (``setsid``,
+  ``start_new_session=True``, a double fork), which leaves the process group.
+  Each worker is a child subreaper (``PR_SET_CHILD_SUBREAPER``, Linux 3.4+, no
+  privileges), so an orphan among its descendants is re-parented to it, not to
+  init; the parent kills the worker's whole tree, read from ``/proc`` (stop,
+  re-read until nothing new, kill: ``worker_procs.kill_worker``), with no code
+  running in the worker. Not taken: a cgroup (``cgroup.kill``) needs a writable
+  delegated cgroup v2, which an unprivileged run rarely has; a PID namespace
+  needs privileges or a user namespace (changes file ownership as the reward sees
+  it). Limits: if the worker dies on its own (``os._exit``, a segfault) its
+  descendants are re-parented past it and live on; so they do if the training
+  process itself is SIGKILLed (the worker dies by ``PR_SET_PDEATHSIG``). An
+  orphan that exits stays a zombie of the worker (reaping it could steal the exit
+  status of a child a reward waits for); a worker holding over 100 is replaced.
+  Without prctl (not Linux) only the process group is killed, with a warning.
+* **Memory.** During a call of a function the worker's address space may grow by
+  ``rewards[i].worker_memory_mb`` MiB (default ``rollout.reward_memory_mb``,
+  4096; 0: no limit) over what it had when forked: a soft ``RLIMIT_AS``, relative
+  because a worker forked from a torch (or CUDA) process starts with gigabytes
+  of address space. An allocation past it raises ``MemoryError``: the call scores
+  0, is counted, and the worker is replaced. Address space counts threads'
+  reservations (glibc: 64 MiB per malloc arena), so a reward that starts many
+  threads needs a larger budget. Inherited by what the reward starts, each
+  process on its own; a sandbox sets its own, lower, limit.
 * **Small overhead for cheap rewards.** A worker gets a chunk of calls in one
   pickle (a group's rows share one Problem, pickled once) and streams one small
   result frame back per call, so the parent knows which call is running and when
@@ -40,14 +76,14 @@ Every call runs in a worker process forked from the scorer's process
   DataLoader workers do. A forked worker cannot use CUDA either (rewards do not).
 * **Reaping.** Workers are killed and reaped by :meth:`Scorer.close`, by the
   context manager, when the scorer is garbage-collected and at interpreter exit
-  (``weakref.finalize``). If the parent is killed outright, a worker dies with
-  it: ``PR_SET_PDEATHSIG`` (Linux, when forked from the main thread) plus a
-  watcher thread polling ``getppid`` (``parent_watch.py``, the same one
-  ``TimeoutRunner``'s worker runs), and EOF on its request pipe.
-* **Memory.** A forked worker shares its parent's pages copy-on-write, and keeps
-  the old copy of every page the parent writes afterwards: a worker forked after
-  a CPU model was loaded ends up holding a private copy of its weights once the
-  optimizer has updated them (measured: 518 MB for a 540 MB tensor updated in
+  (``weakref.finalize``), each with its process tree. If the parent is killed
+  outright, a worker dies with it: ``PR_SET_PDEATHSIG`` (Linux, when forked from
+  the main thread) plus a watcher thread polling ``getppid`` (``parent_watch.py``,
+  the same one ``TimeoutRunner``'s worker runs), and EOF on its request pipe.
+* **Copy-on-write.** A forked worker shares its parent's pages copy-on-write, and
+  keeps the old copy of every page the parent writes afterwards: a worker forked
+  after a CPU model was loaded ends up holding a private copy of its weights once
+  the optimizer has updated them (measured: 518 MB for a 540 MB tensor updated in
   place). GPU weights are not in host memory and cost nothing. Hence
   :meth:`Scorer.start`: forked before the model exists (the Trainer builds its
   scorer first), workers pin only what was there then. A worker that replaces a
@@ -57,7 +93,7 @@ Every call runs in a worker process forked from the scorer's process
 * **math_verify** keeps its own ``TimeoutRunner`` subprocess: a forked worker
   drops the parent's runner (``timeout._after_fork_in_child``) and starts its
   own on first use, so with ``workers: N`` math verification runs N-wide; it is
-  killed with the worker's process group or notices its parent is gone.
+  killed with the worker's process tree or notices its parent is gone.
 
 What crosses the process boundary: a worker's side effects (a cache it fills, a
 counter it bumps, a module-level list it appends to) stay in that worker and are
@@ -86,8 +122,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from reasonrl.isolation.worker_procs import Pool, Worker, exited, forget, fork_worker, kill_worker, shutdown
-from reasonrl.isolation.worker_protocol import CRASH, ERROR, FATAL, OK, TIMEOUT, Call, frame, read_frames
+from reasonrl.isolation.worker_procs import (Pool, Worker, exited, forget, fork_worker, kill_worker, overgrown,
+                                             shutdown)
+from reasonrl.isolation.worker_protocol import (CRASH, ERROR, FATAL, OK, START_GRACE_S, TIMEOUT, Call, frame,
+                                                read_frames)
 
 __all__ = ["Call", "Job", "Workers", "OK", "ERROR", "FATAL", "TIMEOUT", "CRASH", "shorten"]
 
@@ -96,6 +134,11 @@ _MAX_ERROR_CHARS = 500
 # With N > 1 workers, a function's calls go out in about 4·N chunks: big enough to
 # keep the per-chunk round trip negligible, small enough to balance uneven calls.
 _CHUNKS_PER_WORKER = 4
+# After a call of function k times out, k's other calls in that run go out one per
+# worker: to k's own pool and to up to this many extra workers, forked for the rest of
+# the run. B hanging calls then take about ceil(B / (this + pool size)) timeouts, not B.
+# More than the cores: a hanging call mostly waits (a lock, a server, a sleep).
+_EXTRA_WORKERS = min(16, max(4, os.cpu_count() or 1))
 
 
 @dataclass(eq=False)
@@ -116,13 +159,16 @@ class Workers:
     """The worker processes of one scorer, running ``call`` (see the module docstring).
 
     ``sizes[k]`` is how many workers call ``k`` has in a pool of its own, 0 for the one
-    pool, of one worker, that all such calls share. Workers start lazily (or at
-    :meth:`start`) and are reused across :meth:`run` s; :meth:`close` (or garbage
-    collection, or interpreter exit) kills and reaps them.
+    pool, of one worker, that all such calls share; ``memory_mb[k]`` the MiB its worker's
+    address space may grow by during call ``k`` (0 or missing: no limit). Workers start
+    lazily (or at :meth:`start`) and are reused across :meth:`run` s; :meth:`close` (or
+    garbage collection, or interpreter exit) kills and reaps them, with every process
+    they started.
     """
 
-    def __init__(self, call: Call, sizes: list[int]) -> None:
+    def __init__(self, call: Call, sizes: list[int], memory_mb: list[int] | None = None) -> None:
         self._call = call
+        self._memory = list(memory_mb or [0] * len(sizes))
         self._pools: list[Pool] = []
         self._pool_of: list[int] = []
         shared: int | None = None
@@ -135,6 +181,8 @@ class Workers:
             else:
                 self._pool_of.append(len(self._pools))
                 self._pools.append(Pool(size))
+        self._extra = len(self._pools)  # the last pool: the extra workers of one run (see _EXTRA_WORKERS)
+        self._pools.append(Pool(_EXTRA_WORKERS))
         self._lock = threading.Lock()
         self._warned_inline = False
         self._finalizer = weakref.finalize(self, shutdown, self._pools, os.getpid())
@@ -153,9 +201,9 @@ class Workers:
         if not _CAN_FORK:
             return
         with self._lock:
-            for p, pool in enumerate(self._pools):
+            for p, pool in enumerate(self._pools[:self._extra]):
                 while len(pool.workers) < pool.size:
-                    pool.workers.append(fork_worker(self._call, p))
+                    pool.workers.append(fork_worker(self._call, p, self._memory))
 
     @property
     def pids(self) -> list[int]:
@@ -177,17 +225,32 @@ class Workers:
 
     def _schedule(self, jobs: list[Job]) -> None:
         """Run every job in its pool's workers; each job ends with a status."""
+        extra = self._extra
+        peak = [len(pool.workers) for pool in self._pools]  # what each pool had: restored at the end
+        for w in overgrown([w for pool in self._pools for w in pool.workers]):
+            kill_worker(w)
+            forget(self._pools[w.pool], w)
         queues: list[deque[Job]] = [deque() for _ in self._pools]
         for job in jobs:
             queues[self._pool_of[job.k]].append(job)
         chunk = [len(q) if pool.size == 1 else -(-len(q) // (pool.size * _CHUNKS_PER_WORKER))
                  for pool, q in zip(self._pools, queues)]
+        hung: set[int] = set()  # functions with a call timed out in this run: one call per worker
+        singles: list[deque[Job]] = [deque() for _ in self._pools]  # their calls, by home pool
         poller = select.poll()  # not select.select: fds above 1024 are common in big jobs
         by_fd: dict[int, Worker] = {}
         busy: list[Worker] = []
+        failed_fork = ""
+
+        def next_calls(p: int) -> list[Job]:
+            if p == extra:
+                return next(([q.popleft()] for q in singles if q), [])
+            if queues[p]:
+                return [queues[p].popleft() for _ in range(min(max(chunk[p], 1), len(queues[p])))]
+            return [singles[p].popleft()] if singles[p] else []
 
         def retire(w: Worker, status: str | None, error: str) -> None:
-            # w is dead or must die: its current call gets ``status``, the rest go back to the queue.
+            # w is dead or must die: its current call gets ``status``, the rest go back to the queues.
             for fd in (w.res_fd, w.req_fd):
                 if by_fd.pop(fd, None) is not None:
                     poller.unregister(fd)
@@ -197,19 +260,27 @@ class Workers:
             if w.jobs and status is not None:
                 job = w.jobs.popleft()
                 job.status, job.error = status, error.replace("{how}", how)
-            queues[w.pool].extendleft(reversed(w.jobs))
+                if status == TIMEOUT and job.k not in hung:
+                    hung.add(job.k)
+                    home = self._pool_of[job.k]
+                    singles[home].extend(j for j in queues[home] if j.k == job.k)
+                    queues[home] = deque(j for j in queues[home] if j.k != job.k)
+            for j in reversed(w.jobs):
+                (singles if j.k in hung else queues)[self._pool_of[j.k]].appendleft(j)
             w.jobs.clear()
 
         try:
             while True:
-                now = time.monotonic()
                 for p, pool in enumerate(self._pools):
-                    q = queues[p]
-                    while q:
-                        w = self._idle_worker(pool, p, busy, q)
+                    while queues[p] or singles[p] or (p == extra and any(singles)):
+                        w = self._idle_worker(pool, p, busy)
+                        if isinstance(w, str):
+                            failed_fork = w
+                            break
                         if w is None:
                             break
-                        take = [q.popleft() for _ in range(min(max(chunk[p], 1), len(q)))]
+                        peak[p] = max(peak[p], len(pool.workers))
+                        take = next_calls(p)
                         try:
                             blob = pickle.dumps([(j.k, j.payload) for j in take], protocol=pickle.HIGHEST_PROTOCOL)
                         except Exception as exc:  # noqa: BLE001 — an unpicklable row fails its calls, loudly
@@ -219,13 +290,23 @@ class Workers:
                             continue
                         w.jobs.extend(take)
                         w.out = frame(blob)
-                        w.deadline = now + take[0].timeout
+                        w.deadline = time.monotonic() + START_GRACE_S + take[0].timeout  # until it says STARTED
                         busy.append(w)
                         by_fd[w.res_fd] = w
                         by_fd[w.req_fd] = w
                         poller.register(w.res_fd, select.POLLIN)
                         poller.register(w.req_fd, select.POLLOUT)
                 if not busy:
+                    for q in queues + singles:  # no worker could be started for these
+                        for job in q:
+                            job.status, job.error = CRASH, f"cannot start a worker process ({failed_fork})"
+                        q.clear()
+                    for p, pool in enumerate(self._pools[:extra]):  # replace the workers this run killed
+                        while len(pool.workers) < peak[p] and not failed_fork:
+                            try:
+                                pool.workers.append(fork_worker(self._call, p, self._memory))
+                            except OSError as exc:
+                                failed_fork = str(exc)
                     return
                 wait = min(w.deadline for w in busy) - time.monotonic()
                 events = poller.poll(max(0, math.ceil(wait * 1000)))
@@ -275,8 +356,12 @@ class Workers:
                 kill_worker(w)
                 forget(self._pools[w.pool], w)
             raise
+        finally:
+            shutdown([self._pools[extra]], os.getpid())  # the extra workers last one run
 
-    def _idle_worker(self, pool: Pool, p: int, busy: list[Worker], q: deque) -> Worker | None:
+    def _idle_worker(self, pool: Pool, p: int, busy: list[Worker]) -> Worker | str | None:
+        """An idle worker of ``pool`` (forked if it has room), None if all are busy, or why
+        a fork failed."""
         for w in list(pool.workers):
             if w in busy:
                 continue
@@ -288,14 +373,9 @@ class Workers:
         if len(pool.workers) >= pool.size:
             return None
         try:
-            w = fork_worker(self._call, p)
-        except OSError as exc:
-            if pool.workers:
-                return None  # the live ones carry on with the queue
-            for job in q:
-                job.status, job.error = CRASH, f"cannot start a worker process ({type(exc).__name__}: {exc})"
-            q.clear()
-            return None
+            w = fork_worker(self._call, p, self._memory)
+        except OSError as exc:  # the live workers carry on with the queue; with none, its calls fail
+            return f"{type(exc).__name__}: {exc}"
         pool.workers.append(w)
         return w
 

@@ -12,9 +12,10 @@ the training process, under a timeout, so a reward function may:
   ``__main__`` or in a ``path/to/file.py`` (the worker inherits the object; nothing
   is pickled but the rows and the returned floats);
 - return ``None`` (no opinion: 0, not a failure);
-- raise, return NaN/inf, run past ``rewards[i].timeout_s`` (default
-  ``rollout.reward_timeout_s``, 30 s), or kill its process (segfault, ``os._exit``,
-  MemoryError): that sample (or group) scores 0, the failure is counted in
+- raise, return something other than a real number finite in float32 (NaN, inf, 1e300,
+  a ``str`` such as ``"1.0"``, a ``bool``, a tensor: never coerced), run past
+  ``rewards[i].timeout_s`` (default ``rollout.reward_timeout_s``, 30 s), or kill its
+  process (segfault, ``os._exit``, MemoryError): that sample (or group) scores 0, the failure is counted in
   ``reward_failures/<name>`` and warned about once per function and kind; a hung or
   dead worker is killed with its process group (so a sandbox it started goes too)
   and replaced, and the other rows carry on;
@@ -32,5 +33,5 @@ its lazy imports and verifier start-up on a fresh worker's first call.
 from reasonrl.rewards import basic  # noqa: F401  (registers the built-in rewards)
 from reasonrl.rewards import math  # noqa: F401  (registers "math_verify"; math-verify itself is imported lazily)
 from reasonrl.rewards import reasoning_gym  # noqa: F401  (registers "reasoning_gym"; the package itself is imported lazily)
-from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_tests"; runs code in rewards.sandbox)
+from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_tests"; runs model code in isolation.sandbox)
 from reasonrl.rewards import proxy  # noqa: F401  (registers "proxy_length_keyword", the reward-hacking demo)

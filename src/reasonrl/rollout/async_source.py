@@ -28,23 +28,42 @@ same run as the ``sync`` source's in-process simulation, whether the sampler is 
 process or a Ray actor.
 
 **Nothing lost, nothing trained twice.** Each batch carries its sampler's state after it (next
-step, random stream, prompt sampler). The checkpoint stores, per sampler, the state after its
-last *trained* batch (and, when simulating staleness, the weights still to be used); a resumed
-run, or a sampler that died (reported, then replaced), restarts from it and samples the
-following steps again — with the current weights, so batches in flight are re-sampled, not
-replayed. Exact resume holds at ``max_staleness: 0`` and with simulated staleness; otherwise
-the arrival time of weights depends on timing, as in every asynchronous system.
+step, random stream, prompt sampler). A sampler that died (reported, then replaced) restarts
+from the state after its last *trained* batch and samples the following steps again, with the
+current weights. The checkpoint after step k stores, per sampler, that state, the weights still
+to be used when simulating staleness, and every batch that arrived but is not trained yet:
+when the sampler may run ahead (``max_staleness`` ≥ one step's optimiser steps) the batch of
+step k was sampled with weights older than the checkpoint's, so the checkpoint waits for it
+(the next step needs it anyway, so the run loses no time) and keeps the batch itself — its
+token ids, masks, log-probs, rewards and rows, a few MB, where the weights it came from would
+be a whole second model. A resumed run trains these saved batches and restarts each sampler
+after the last of its own.
+
+**Exact resume** (weights and metrics bit-identical to the uninterrupted run) therefore holds
+at ``max_staleness: 0``, with simulated staleness, and at one step of staleness (``max_staleness``
+= the optimiser steps of one training step) with one sampler and ``partial: false``: the
+sampler starts the batch of step b as it sends that of step b − 1, so with the weights
+published after step b − 1 (the oldest it may use, and none newer can exist before step b − 1
+trains). Beyond that (``partial: true``, which loads weights mid-generation; a sampler allowed
+two or more steps ahead; two or more Ray workers, one of which waits for weights while the
+learner trains another's batch) which weights a batch meets depends on timing, so two
+uninterrupted runs differ too, as in every asynchronous system; a resume then replays the
+saved batches and goes on as such a run could have.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, fields
 from typing import Any
 
 import torch
 
+from reasonrl.batch import RolloutBatch
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.lowrank import lowrank_payload_bytes
+from reasonrl.problem import Problem
+from reasonrl.rollout.collect import CollectStats
 from reasonrl.rollout.partial import check_partial
 from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.sampler_worker import POLL_S, SamplerWorker, admission_lag  # noqa: F401  (SamplerWorker: re-exported)
@@ -85,6 +104,7 @@ class AsyncSource(RolloutSource):
         self.endpoints: list[Any] = [None] * self.n
         self.resume_from: list[dict[str, Any]] | None = None  # per worker: the state after its last trained batch
         self.ready: dict[int, tuple] = {}  # step -> (worker, message): batches that arrived early
+        self.early = Stopwatch()  # the wait for the next step's batch before a checkpoint
         self.counts = {"async/dropped_batches": 0, "async/sampler_restarts": 0}
         self.version, self.step = 0, 0  # the learner's, as last published
         self.k_steps = ro.simulated_staleness // optimizer_steps_per_step(self.recipe)
@@ -155,16 +175,22 @@ class AsyncSource(RolloutSource):
         from reasonrl.rollout.endpoints import LocalEndpoint, RayEndpoint
 
         engine = RayEndpoint if self.recipe.rollout.engine == "ray" else LocalEndpoint
-        start = {**self.resume_from[i], "stride": self.n, "lowrank": self.lowrank}
-        self.endpoints[i] = endpoint = engine(self.recipe.to_dict(), self.threads, start)
-        if self.k_steps:
-            for published, (version, tensors) in sorted(self.snapshots.items()):
-                endpoint.send(("weights", version, published, tensors))
-        elif self.lowrank:  # whole weights now hold every update so far: label them with the learner's count
+        # From the state after its last batch still to be trained (a resumed checkpoint's), else
+        # after its last trained one.
+        own = [s for s, (j, _) in self.ready.items() if j == i]
+        after = self.ready[max(own)][1][-1] if own else self.resume_from[i]
+        # The current weights travel with the start state, not as a message: a Ray actor's calls
+        # may run out of order, and the first batch must meet exactly these (SamplerWorker).
+        weights = None
+        if self.lowrank:  # whole weights now hold every update so far: label them with the learner's count
             self.ctx.learner.take_updates()
-            endpoint.send(("weights", self.ctx.learner.k, self.step, self.ctx.policy.weights()))
-        else:
-            endpoint.send(("weights", self.version, self.step, self.ctx.policy.weights()))
+            weights = (self.ctx.learner.k, self.step, self.ctx.policy.weights())
+        elif not self.k_steps:
+            weights = (self.version, self.step, self.ctx.policy.weights())
+        start = {**after, "stride": self.n, "lowrank": self.lowrank, "weights": weights}
+        self.endpoints[i] = endpoint = engine(self.recipe.to_dict(), self.threads, start)
+        for published, (version, tensors) in sorted(self.snapshots.items()) if self.k_steps else ():
+            endpoint.send(("weights", version, published, tensors))
 
     def _restart(self, i: int, why: str) -> None:
         self.restarts_in_a_row += 1
@@ -179,7 +205,8 @@ class AsyncSource(RolloutSource):
         self.ready = {s: v for s, v in self.ready.items() if v[0] != i}
         self._spawn(i)
 
-    def _collect_ready(self, step: int, watch: Stopwatch) -> tuple:
+    def _wait_for(self, step: int, watch: Stopwatch) -> None:
+        """Receive messages until the batch of ``step`` is in ``ready``."""
         with watch("wait"):
             while step not in self.ready:
                 for i, endpoint in enumerate(self.endpoints):
@@ -192,12 +219,13 @@ class AsyncSource(RolloutSource):
                         self._restart(i, message[1])
                         continue
                     self.ready[message[1]] = (i, message)
-        return self.ready.pop(step)
 
     def next_batch(self, step, version, watch):
         max_lag = self.recipe.rollout.max_staleness if not self.k_steps else self.recipe.rollout.simulated_staleness
+        watch.seconds["wait"] += self.early.seconds.pop("wait", 0.0)
         while True:
-            i, (_, _, batch, every, stats, seconds, after) = self._collect_ready(step, watch)
+            self._wait_for(step, watch)
+            i, (_, _, batch, every, stats, seconds, after) = self.ready.pop(step)
             if version - batch.policy_version > max_lag:
                 self.counts["async/dropped_batches"] += 1
                 self._restart(i, f"the batch of step {step} lags {version - batch.policy_version} versions "
@@ -240,7 +268,13 @@ class AsyncSource(RolloutSource):
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"resume_from": self.resume_from, "counts": dict(self.counts), "snapshots": self.snapshots}
+        """The state to resume from (see the module docstring). When the sampler may run ahead
+        of real weights, this first waits for the batch of the learner's next step."""
+        if admission_lag(self.recipe) and self.step < self.recipe.train.steps:
+            self._wait_for(self.step, self.early)
+        ahead = {step: {"worker": i, **_plain_message(message)} for step, (i, message) in self.ready.items()}
+        return {"resume_from": self.resume_from, "counts": dict(self.counts), "snapshots": self.snapshots,
+                "ahead": ahead}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "resume_from" not in state:
@@ -248,6 +282,7 @@ class AsyncSource(RolloutSource):
         self.resume_from = state["resume_from"]
         self.counts.update(state.get("counts", {}))
         self.snapshots = dict(state.get("snapshots", {}))
+        self.ready = {step: (saved["worker"], _message(step, saved)) for step, saved in state.get("ahead", {}).items()}
 
     def close(self) -> None:
         for endpoint in self.endpoints:
@@ -258,3 +293,34 @@ class AsyncSource(RolloutSource):
             from reasonrl.rollout.endpoints import ray_shutdown
 
             ray_shutdown()
+
+
+# -- a batch sampled ahead, as checkpoint data --------------------------------------------------
+# A checkpoint holds tensors and plain data only (it is loaded with ``weights_only=True``): the
+# batches' problems and stats travel as dicts.
+
+def _plain_batch(batch: RolloutBatch) -> dict[str, Any]:
+    state = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    if "problem" in batch.meta:
+        state["meta"] = {**batch.meta, "problem": [{f.name: getattr(p, f.name) for f in fields(p)}
+                                                   for p in batch.meta["problem"]]}
+    return state
+
+
+def _batch(state: dict[str, Any]) -> RolloutBatch:
+    meta = state["meta"]
+    if "problem" in meta:
+        meta = {**meta, "problem": [Problem(**p) for p in meta["problem"]]}
+    return RolloutBatch(**{**state, "meta": meta})
+
+
+def _plain_message(message: tuple) -> dict[str, Any]:
+    """A sampler's ``("batch", step, batch, every_row, stats, seconds, state_after)``."""
+    _, _, batch, every, stats, seconds, after = message
+    return {"batch": _plain_batch(batch), "every": _plain_batch(every), "stats": asdict(stats),
+            "seconds": dict(seconds), "after": after}
+
+
+def _message(step: int, saved: dict[str, Any]) -> tuple:
+    return ("batch", step, _batch(saved["batch"]), _batch(saved["every"]), CollectStats(**saved["stats"]),
+            saved["seconds"], saved["after"])

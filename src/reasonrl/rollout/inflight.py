@@ -17,7 +17,8 @@ switch compares the whole row against the weights that produced it.
 The cost of the check is two prefix forwards per switch (μ's only for ``rollverify_token``) and
 the regenerated tokens; ``partial/*`` and ``rollverify/*`` metrics report both per step.
 Timing decides where the switches fall, as for every asynchronous run: no exact resume claim
-beyond the async source's own (``max_staleness: 0``, where no weights arrive mid-batch).
+beyond the async source's own for partial rollouts (``max_staleness: 0``, where no weights
+arrive mid-batch; a checkpoint still stores the batch sampled ahead, switches included).
 """
 
 from __future__ import annotations

@@ -54,13 +54,22 @@ class SamplerWorker:
     """Samples and scores the batch of each of its steps, with the weights it was sent.
 
     Worker ``i`` of ``n`` samples the steps ``i, i + n, …``; ``start`` is the state to continue
-    from: ``{"step", "generator", "sampler"}``. Messages in: ``("weights", version,
-    published_step, tensors)``, ``("stop",)``. Out: ``("batch", step, batch, every_row, stats,
-    seconds, state_after)`` or ``("error", traceback)``.
+    from: ``{"step", "generator", "sampler", "weights"}``, the weights as ``(version,
+    published_step, tensors)`` (None when simulating staleness: they come as messages). Messages
+    in: ``("weights", version, published_step, tensors)``, ``("stop",)``. Out: ``("batch", step,
+    batch, every_row, stats, seconds, state_after)`` or ``("error", traceback)``.
 
     With ``rollout.simulated_staleness: k`` the step-b batch is sampled with exactly the weights
     published after step max(0, b − k′), k′ = k / m, and never refreshed mid-generation, so the
     run is deterministic: the one the ``sync`` source samples in-process.
+
+    Otherwise each batch starts with the newest weights that arrived before it (with partial
+    rollouts, those arriving mid-generation are taken too), except the first batch after a
+    (re)start: it starts with the weights in ``start`` (or the first ones fresh enough to admit
+    it). A resumed sampler thus starts from the checkpoint's weights as the uninterrupted one
+    did, however long its start took while the learner trained the batch the checkpoint held
+    and published newer weights. (A sampler restarted mid-run starts while the
+    learner waits for its batch, so with one sampler no newer weights exist then.)
     """
 
     def __init__(self, recipe, start: dict[str, Any]) -> None:
@@ -90,6 +99,8 @@ class SamplerWorker:
         # A prefix check needs μ loaded until the switch: newer weights wait in ``pending``.
         self.verify = recipe.rollout.partial and recipe.rollout.prefix_check is not None and not self.simulated
         self.pending: tuple[int, Any] | None = None
+        if start.get("weights") is not None:
+            self._handle(("weights", *start["weights"]))
 
     def _handle(self, message) -> None:
         if message[0] == "stop":
@@ -156,6 +167,7 @@ class SamplerWorker:
         refresh = (lambda: self._drain(inbox)) if r.rollout.partial and not simulated and not self.verify else None
         sampler = InFlightRollout(self.policy, r, lambda: self._poll(inbox), self._load) if self.verify \
             else rollout_sampler(self.policy, r)
+        first = self.step  # the first batch after a (re)start starts with the weights in ``start`` (class docstring)
         try:
             while self.step < r.train.steps:
                 # Admission: wait for weights fresh enough for this step (and for the first weights at all).
@@ -164,7 +176,8 @@ class SamplerWorker:
                 if simulated:
                     self._use_simulated_weights()
                 else:
-                    self._drain(inbox)
+                    if self.step != first:
+                        self._drain(inbox)
                     self._load()
                 watch = Stopwatch()
                 batch, every, stats = collect(sampler, self.scorer, self.task, r, self.step, self.generator,

@@ -9,7 +9,8 @@ step; where and with which weights the batch was sampled is the source's busines
 - ``publish(policy, version, step)``: the learner's weights after ``step`` (plain tensors,
   ``HFPolicy.weights()``), by version;
 - ``state_dict()`` / ``load_state_dict(state)``: what an exact resume needs (the prompt sampler
-  and, for a stale sampler, the weights it still has to sample with);
+  and, for a stale sampler, the weights it still has to sample with or the batches it sampled
+  ahead with weights the checkpoint no longer holds);
 - ``close()``.
 
 ``sync`` (this module) samples each batch in-process; ``async`` (``rollout.async_source``)

@@ -12,6 +12,9 @@
 - solution: the ``solution_field`` value when set, else empty;
 - meta: ``{"index": 0-based row in its file, "split": "train" | "eval"}``.
 
+Every prompt must fit the model's context with ``rollout.max_new_tokens``
+(``reasonrl.tasks.lengths``, checked when the trainer has the tokenizer).
+
 Training order and the held-out set follow ``reasonrl.tasks.files``. The two
 files are trusted to be disjoint; that is the data's job, not the loader's.
 """
@@ -20,10 +23,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from reasonrl.registry import TASKS
 from reasonrl.problem import Problem
 from reasonrl.tasks.files import ProblemStream, Row, check_template, read_rows
+
+
+class Record(NamedTuple):
+    origin: str  # "train.jsonl, line 12": named when the row's prompt is too long for the model
+    problem: Problem
 
 
 @TASKS.register("dataset")
@@ -51,7 +60,7 @@ class DatasetTask(ProblemStream):
         self._eval = [self._parse(r) for r in read_rows(self.eval_path)]
         self._eval_source = self.eval_path
 
-    def _parse(self, row: Row) -> Problem:
+    def _parse(self, row: Row) -> Record:
         prompt = row.render(self.template, {"prompt": row.text(self.prompt_field)})
         answer = row.answer_text(self.answer_field)
         if self._answer_re is not None:
@@ -64,7 +73,8 @@ class DatasetTask(ProblemStream):
             if not answer:
                 raise row.error(f"answer_regex {self.answer_regex!r} matched an empty answer")
         solution = row.text(self.solution_field) if self.solution_field else ""
-        return Problem(prompt=prompt, answer=answer, solution=solution, meta={"index": row.index})
+        return Record(row.origin, Problem(prompt=prompt, answer=answer, solution=solution, meta={"index": row.index}))
 
-    def _problem(self, record: Problem, split: str) -> Problem:
-        return Problem(record.prompt, record.answer, record.solution, {**record.meta, "split": split})
+    def _problem(self, record: Record, split: str) -> Problem:
+        p = record.problem
+        return Problem(p.prompt, p.answer, p.solution, {**p.meta, "split": split})

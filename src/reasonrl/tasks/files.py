@@ -6,29 +6,38 @@ and ``hf:<name>[:<split>]`` / ``hf:<name>:<config>:<split>`` (a ``datasets``
 dataset already in the local cache, loaded in offline mode). Every ``Row``
 remembers its file and 1-based line (jsonl) or row number (the rest), so any bad
 value is reported where the user can fix it: ``train.jsonl, line 12: ...``.
-Relative paths resolve against the current directory.
+Relative paths resolve against the current directory. JSON is read strictly:
+``NaN``/``Infinity``, a number too large for a float, an integer longer than
+Python converts (4300 digits) and nesting deeper than its parser recurses
+(about 1000 levels) are each refused with the file and line, never turned into
+``"nan"`` or a traceback. ``.json`` lists are decoded one element at a time so
+such an error also names the row.
 
 Streaming. ``stream_indices`` walks a per-(seed, epoch) shuffle of the training
 rows: position p of the stream is row ``perm(seed, p // n)[p % n]`` and step s
 takes positions ``s*count .. s*count+count-1``. It is a pure function of
 (n, step, count, seed), so a resumed run sees the same prompts, and no row
 repeats within an epoch. ``ProblemStream`` turns that into a task's
-``train_problems``/``eval_problems``.
+``train_problems``/``eval_problems``; its records that carry an ``origin`` (a row
+of a file) can be listed with their prompts and refitted by the load-time check
+of prompt lengths (``reasonrl.tasks.lengths``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import os
 import random
 import re
 import string
+import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from reasonrl.problem import Problem
 
@@ -44,8 +53,13 @@ class Row:
     where: str  # "line 12" (jsonl) or "row 12" (json, parquet, hf), 1-based
     index: int  # 0-based position among the file's rows (blank lines not counted)
 
+    @property
+    def origin(self) -> str:
+        """Where the row is, as errors name it: ``train.jsonl, line 12``."""
+        return f"{self.source}, {self.where}"
+
     def error(self, message: str) -> ValueError:
-        return ValueError(f"{self.source}, {self.where}: {message}")
+        return ValueError(f"{self.origin}: {message}")
 
     def field(self, name: str) -> Any:
         if name not in self.data:
@@ -65,6 +79,8 @@ class Row:
         value = self.field(name)
         # numbers.Real admits numpy scalars from parquet; bool is a Real but never an answer
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            if not math.isfinite(value):  # a parquet NaN would otherwise become the answer "nan"
+                raise self.error(f"field '{name}' is {value}; an answer must be a finite number or text")
             return str(value)
         return self.text(name)
 
@@ -140,6 +156,48 @@ def _object_rows(records: Iterator[tuple[str, Any]], source: str) -> list[Row]:
     return rows
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows; write the value as a string or drop the row")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is too large for a float; write it as a string")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    limit = sys.get_int_max_str_digits()
+    digits = len(text.lstrip("-"))
+    if limit and digits > limit:  # int() would fail with a message that names no file
+        raise ValueError(f"an integer of {digits} digits is longer than Python converts ({limit} digits); "
+                         "write it as a string")
+    return int(text)
+
+
+# Strict JSON: no NaN/Infinity (json.loads takes them and a NaN answer became "nan"), no float overflow to inf.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+@contextmanager
+def _json_errors(source: str, where: Callable[[], str], first_line: int = 1) -> Iterator[None]:
+    """Any failure to decode JSON as a ValueError naming ``source`` and the line: a syntax error
+    at its own line (``first_line`` is the line the decoded text starts on), anything else
+    (nesting, the decoder's refusals above) at ``where()``."""
+    try:
+        yield
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}, line {first_line + exc.lineno - 1}: invalid JSON ({exc.msg} at column "
+                         f"{exc.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{source}, {where()}: JSON nested too deeply (Python's parser stops at about "
+                         f"{sys.getrecursionlimit()} levels of lists and objects)") from None
+    except ValueError as exc:
+        raise ValueError(f"{source}, {where()}: {exc}") from None
+
+
 def _read_jsonl(path: Path, source: str) -> list[Row]:
     def records() -> Iterator[tuple[str, Any]]:
         with path.open("rb") as fh:
@@ -147,11 +205,9 @@ def _read_jsonl(path: Path, source: str) -> list[Row]:
                 line = _decoded(raw, source, number, bom=number == 1)
                 if not line.strip():
                     continue
-                try:
-                    yield f"line {number}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{source}, line {number}: invalid JSON ({exc.msg} at column "
-                                     f"{exc.colno})") from None
+                with _json_errors(source, lambda: f"line {number}", first_line=number):
+                    record = _DECODER.decode(line)
+                yield f"line {number}", record
 
     return _object_rows(records(), source)
 
@@ -173,13 +229,37 @@ def _read_json(path: Path, source: str) -> list[Row]:
     except UnicodeDecodeError as exc:
         line_start = raw.rfind(b"\n", 0, exc.start) + 1
         _decoded(raw, source, raw.count(b"\n", 0, exc.start) + 1, bom=True, offset=line_start)
-    try:
-        data = json.loads(raw.decode("utf-8-sig"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}, line {exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(data, list):
+    text = raw.decode("utf-8-sig")
+    return _object_rows(((f"row {i}", r) for i, r in enumerate(_json_list(text, source), start=1)), source)
+
+
+def _json_list(text: str, source: str) -> list[Any]:
+    """The elements of the JSON list ``text``, decoded one by one so an error names its row."""
+    at = _SPACE.match(text).end()
+    if not text.startswith("[", at):
+        with _json_errors(source, lambda: "line 1"):
+            data = _DECODER.decode(text)
         raise ValueError(f"{source}: expected a JSON list of objects, got {type(data).__name__}")
-    return _object_rows(((f"row {i}", r) for i, r in enumerate(data, start=1)), source)
+    out: list[Any] = []
+    at = _SPACE.match(text, at + 1).end()
+    closed = text.startswith("]", at)
+    while not closed:
+        start = at
+        with _json_errors(source, lambda: f"line {text.count(chr(10), 0, start) + 1} (row {len(out) + 1})"):
+            value, at = _DECODER.raw_decode(text, at)
+            out.append(value)
+            at = _SPACE.match(text, at).end()
+            if text.startswith(",", at):
+                at = _SPACE.match(text, at + 1).end()
+            elif text.startswith("]", at):
+                closed = True
+            else:
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+    at = _SPACE.match(text, at + 1).end()
+    if at != len(text):
+        with _json_errors(source, lambda: "line 1"):
+            raise json.JSONDecodeError("Extra data", text, at)
+    return out
 
 
 def _read_parquet(path: Path, source: str) -> list[Row]:
@@ -289,18 +369,57 @@ class ProblemStream:
     A subclass sets ``_train`` and ``_eval`` (sequences of records),
     ``_eval_source`` (named in errors) and implements ``_problem(record, split)``.
     Problems are built on demand so long few-shot prompts are not held per row.
+    Records with an ``origin`` attribute (``Row.origin``: where the row is) are listed by
+    ``located_prompts`` and can be refitted with ``fit_prompts`` (skip or truncate a row).
     """
 
     eval_split = "eval"
     _train: Sequence[Any]
     _eval: Sequence[Any]
     _eval_source: str
+    _cut: dict[tuple[str, int], str] = {}  # (split, position) -> its truncated prompt; set by fit_prompts
 
     def _problem(self, record: Any, split: str) -> Problem:
         raise NotImplementedError
 
+    def _records(self, split: str) -> Sequence[Any]:
+        return self._train if split == "train" else self._eval
+
+    def _make(self, split: str, i: int) -> Problem:
+        problem = self._problem(self._records(split)[i], "train" if split == "train" else self.eval_split)
+        cut = self._cut.get((split, i))
+        return problem if cut is None else replace(problem, prompt=cut)
+
     def train_problems(self, step: int, count: int, seed: int) -> list[Problem]:
-        return [self._problem(self._train[i], "train") for i in stream_indices(len(self._train), step, count, seed)]
+        return [self._make("train", i) for i in stream_indices(len(self._train), step, count, seed)]
 
     def eval_problems(self, count: int) -> list[Problem]:
-        return [self._problem(r, self.eval_split) for r in head(self._eval, count, self._eval_source)]
+        return [self._make("eval", i) for i in head(range(len(self._eval)), count, self._eval_source)]
+
+    def origin(self, split: str, i: int) -> str | None:
+        """Where row ``i`` of ``split`` ("train" or "eval") comes from, e.g. ``train.jsonl, line 12``."""
+        return getattr(self._records(split)[i], "origin", None)
+
+    def located_prompts(self, split: str) -> Iterator[tuple[str, str]]:
+        """(origin, prompt) of every row of ``split`` in order; nothing when its rows come from no file."""
+        for i in range(len(self._records(split))):
+            where = self.origin(split, i)
+            if where is None:
+                return
+            yield where, self._make(split, i).prompt
+
+    def fit_prompts(self, split: str, prompts: Sequence[str | None]) -> None:
+        """Keep the rows of ``split`` whose entry of ``prompts`` (one per row) is not None, each with
+        that prompt. The stream is a function of the row count, so the rows kept define it."""
+        records = self._records(split)
+        kept = [(i, p) for i, p in enumerate(prompts) if p is not None]
+        cut = {(s, j): text for (s, j), text in self._cut.items() if s != split}
+        for new, (i, prompt) in enumerate(kept):
+            if prompt != self._make(split, i).prompt:
+                cut[(split, new)] = prompt
+        rows = [records[i] for i, _ in kept]
+        self._cut = cut
+        if split == "train":
+            self._train = rows
+        else:
+            self._eval = rows

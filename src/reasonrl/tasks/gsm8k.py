@@ -18,6 +18,9 @@ Each row is ``{"question": ..., "answer": "worked solution ...\\n#### 72"}``.
   stop string (which is not part of the completion) keeps the answer that
   ``exact_answer`` reads (it takes the *last* ``####``) the one for this question.
 - ``meta``: ``{"index": 0-based row in its file, "split": "train" | "test"}``.
+- Every prompt (exemplars included) must fit the model's context with
+  ``rollout.max_new_tokens`` (``reasonrl.tasks.lengths``); ``rollout.overlong_prompts``
+  can skip or left-truncate the rows that do not.
 
 Training order and the held-out set follow ``reasonrl.tasks.files``.
 """
@@ -42,6 +45,7 @@ class GSM8KRow:
     question: str  # the template applied to this row
     solution: str
     answer: str
+    origin: str  # "train.jsonl, line 12": named when the row's prompt is too long for the model
 
 
 def parse_row(row: Row, template: str) -> GSM8KRow:
@@ -53,7 +57,7 @@ def parse_row(row: Row, template: str) -> GSM8KRow:
     answer = worked.rpartition(ANSWER_MARK)[2].replace(",", "").strip()
     if not answer:
         raise row.error(f"field 'answer' has nothing after '{ANSWER_MARK}'")
-    return GSM8KRow(row.index, row.render(template), CALCULATOR_RE.sub("", worked).strip(), answer)
+    return GSM8KRow(row.index, row.render(template), CALCULATOR_RE.sub("", worked).strip(), answer, row.origin)
 
 
 @TASKS.register("gsm8k")

@@ -6,27 +6,44 @@ standard Hugging Face folder (safetensors; only the adapters with LoRA), and
 torch, the sampling generator), the step and policy version, and the base
 evaluation. It is written to a temporary folder and renamed into place,
 so a crash mid-write never leaves a checkpoint that looks complete.
+
+A state file never runs code when loaded: :func:`load_state` reads it with
+``torch.load(weights_only=True)``, which rebuilds tensors and plain data only
+(a pickle can otherwise call any function, so a crafted ``state.pt`` in a run
+folder would run it on ``--resume``). Every state saved must therefore be
+tensors, torch dtypes/devices/sizes and plain ``dict``/``list``/``tuple``/``set``/
+``int``/``float``/``complex``/``str``/``bytes``/``bool``/``None``; :func:`save_state`
+checks that before writing, so a component whose state breaks the rule (a NumPy
+array or scalar, a dataclass) fails at its first save, naming the key, not at a
+later resume. The federated client's and server's state files use the same pair.
 """
 
 from __future__ import annotations
 
+import pickle
 import random
+import re
 import shutil
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from reasonrl.fsutil import atomic_directory
+from reasonrl.fsutil import atomic_directory, atomic_torch_save
+from reasonrl.params import ConfigError
 
 STATE_FILE = "state.pt"
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
+    """Every random stream, as plain data and tensors (NumPy's key array becomes a list of ints)."""
+    numpy = np.random.get_state(legacy=False)
+    numpy["state"] = {"key": numpy["state"]["key"].tolist(), "pos": int(numpy["state"]["pos"])}
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {**numpy, "has_gauss": int(numpy["has_gauss"]), "gauss": float(numpy["gauss"])},
         "torch": torch.get_rng_state(),
         "sampler": generator.get_state(),
     }
@@ -34,7 +51,8 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    np.random.set_state({**numpy, "state": {**numpy["state"], "key": np.array(numpy["state"]["key"], np.uint32)}})
     torch.set_rng_state(state["torch"])
     generator.set_state(state["sampler"])
 
@@ -46,7 +64,7 @@ def save_checkpoint(run_dir: Path, step: int, policy, state: dict[str, Any], kee
     final = run_dir / "checkpoints" / f"step_{step:06d}"
     with atomic_directory(final, overwrite=True) as tmp:
         policy.save(tmp / MODEL_DIR)
-        torch.save(state, tmp / STATE_FILE)
+        save_state(tmp / STATE_FILE, state)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -64,5 +82,53 @@ def load_latest(run_dir: Path, policy) -> dict[str, Any]:
     found = list_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints to resume from")
+    state = load_state(found[-1] / STATE_FILE)  # before the weights: a refused file changes nothing
     policy.load_weights(found[-1] / MODEL_DIR)
-    return torch.load(found[-1] / STATE_FILE, weights_only=False)
+    return state
+
+
+# What torch.load(weights_only=True) rebuilds besides tensors (torch's own allow-list, less its
+# rarely used types); exact types, since a subclass (numpy.float64 is a float) pickles as itself.
+_PLAIN = (dict, OrderedDict, Counter, list, tuple, set, int, float, complex, str, bytes, bool, type(None),
+          torch.Size, torch.dtype, torch.device)
+
+
+def _check_plain(obj: Any, where: str) -> None:
+    if isinstance(obj, torch.Tensor):
+        return
+    if type(obj) not in _PLAIN:
+        raise TypeError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}: a saved state holds only "
+                        "tensors and plain dict/list/tuple/int/float/str/bool/None (it is loaded with "
+                        "torch.load(weights_only=True)); convert it in the component's state_dict")
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _check_plain(key, f"{where} key {key!r}")
+            _check_plain(value, f"{where}[{key!r}]")
+    elif isinstance(obj, (list, tuple, set)):
+        for i, value in enumerate(obj):
+            _check_plain(value, f"{where}[{i}]")
+
+
+def save_state(path: Path, state: Any) -> None:
+    """Write ``state`` to ``path`` atomically, after checking that :func:`load_state` will read it
+    (tensors and plain data only; a ``TypeError`` naming the key otherwise, nothing written)."""
+    _check_plain(state, "state")
+    atomic_torch_save(path, state)
+
+
+def load_state(path: Path) -> Any:
+    """Read a state file written by :func:`save_state` without running any code from it
+    (``torch.load(weights_only=True)``). A file holding anything else (a crafted pickle, a
+    foreign file, a state saved by reasonrl before this check, which held NumPy arrays) is
+    refused: :class:`~reasonrl.params.ConfigError` naming the file (the CLI exits 2)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, ValueError) as exc:
+        text = str(exc)
+        if called := re.search(r"GLOBAL ([\w.]+)", text):  # what the pickle would have called
+            raise ConfigError(f"{path}: refusing to load: it holds objects other than tensors and plain data "
+                              f"({called[1]}): a crafted or foreign file, or a state saved by a reasonrl older "
+                              "than this check (NumPy arrays); nothing in it was run") from None
+        lines = [ln.strip() for ln in text.split("WeightsUnpickler error:")[-1].splitlines() if ln.strip()]
+        reason = re.split(r"(?<=\.) ", lines[0])[0] if lines else type(exc).__name__
+        raise ConfigError(f"{path}: not a readable state file (truncated, corrupt or foreign?): {reason}") from None

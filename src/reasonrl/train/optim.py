@@ -9,7 +9,8 @@ names both in ``optim:`` (``{name: adamw, schedule: cosine}``), or names its own
 :class:`Learner` owns one model's trainable parameters, its optimiser, its schedule and its
 gradient clipping, and runs passes over mini-batches with micro-batched backward. The
 policy and every auxiliary model that learns (the CoRA teacher, later critics and
-explorers) go through it, so there is one copy of that loop.
+explorers) go through it, so there is one copy of that loop, and of its guard: an update
+whose loss or gradient norm is not finite is skipped, not applied.
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ class Learner:
     that ``loss_fn`` returns for its micro-batches (gradient accumulation: the loss function
     aggregates with the mini-batch's totals, so the split does not change the step).
     ``end_step`` advances the LR schedule once per training step.
+
+    A mini-batch whose loss (any micro-batch's) or gradient norm is not finite makes no update:
+    its gradient is dropped (:meth:`skip`), the parameters and the optimiser's state (Adam's
+    moments and step count) stay as they were, and ``skipped`` says why, one line per skipped
+    update of the last ``optimise`` call. The caller decides how many in a row end the run
+    (the Trainer: ``train.max_nonfinite_steps``).
     """
 
     def __init__(self, parameters: Iterable[Tensor], cfg: OptimConfig, total_steps: int) -> None:
@@ -111,34 +118,51 @@ class Learner:
     def optimise(self, batch: RolloutBatch, loss_fn: LossFn, *, passes: int = 1, mini_batch_size: int = 0,
                  micro_batch_size: int, watch: Any = None) -> tuple[dict[str, float], list[float]]:
         """Returns the statistics summed over every micro-batch of every pass, and the gradient
-        norm (before clipping) of each optimiser step."""
+        norm (before clipping) of each optimiser step (NaN or inf for a skipped one)."""
         timed = watch or (lambda _name: nullcontext())
         sums: dict[str, float] = {}
         norms: list[float] = []
+        self.skipped: list[str] = []
         for p in range(passes):
-            for mini in batch.split(mini_batch_size or len(batch)):
+            for i, mini in enumerate(batch.split(mini_batch_size or len(batch))):
                 self.begin_step(mini)
+                bad_loss = None
                 for j, micro in enumerate(mini.split(micro_batch_size)):
                     with timed("forward"):
                         loss, stats = loss_fn(micro, mini, p, j)
                     with timed("backward"):
                         loss.backward()
+                    value = float(loss.detach())
+                    if bad_loss is None and not math.isfinite(value):
+                        bad_loss = f"loss {value} (micro-batch {j})"
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
                 with timed("optimizer"):
-                    norms.append(self.step(mini))
+                    # A non-finite loss is not stepped on even when its gradient happens to be finite.
+                    norm = self.step(mini) if bad_loss is None else math.nan
+                    if bad_loss is not None or not math.isfinite(norm):
+                        self.skip(mini)
+                        self.skipped.append(f"pass {p}, mini-batch {i}: non-finite "
+                                            + (bad_loss or f"gradient norm {norm}"))
+                norms.append(norm)
         return sums, norms
 
-    # The two seams of the loop; an optimiser that needs the model and the mini-batch (LoGRA's
+    # The seams of the loop; an optimiser that needs the model and the mini-batch (LoGRA's
     # sketch hooks and probe, ``reasonrl.methods.logra.optimizer``) brings a subclass that overrides them.
     def begin_step(self, mini: RolloutBatch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
     def step(self, mini: RolloutBatch) -> float:
-        """Clip, step; returns the gradient norm before clipping."""
-        norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.cfg.max_grad_norm)
-        self.optimizer.step()
-        return float(norm)
+        """Clip, step; returns the gradient norm before clipping. A non-finite norm changes
+        nothing (no optimiser step): the loop then calls :meth:`skip`."""
+        norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, self.cfg.max_grad_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        return norm
+
+    def skip(self, mini: RolloutBatch) -> None:
+        """Drop the mini-batch's gradient without an update (its loss or gradient was not finite)."""
+        self.optimizer.zero_grad(set_to_none=True)
 
     def metrics(self) -> dict[str, float]:
         """The optimiser's own metrics since the last call (logged with the step)."""

@@ -18,6 +18,7 @@ source (``reasonrl.rollout.sources``: sync, simulated staleness, async). Each ba
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
@@ -47,6 +48,7 @@ from reasonrl.rollout.collect import check_rollout_fits
 from reasonrl.rollout.samplers import build_sampler
 from reasonrl.rollout.sources import SourceContext
 from reasonrl.tasks.base import build_task  # noqa: F401  (also part of this module's API)
+from reasonrl.tasks.lengths import fit_prompt_lengths
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.metrics_log import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.behaviour import prepare_behaviour
@@ -78,6 +80,12 @@ class TrainState:
     base_eval_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     base_eval_per_problem: dict[str, list[float]] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    nonfinite_streak: int = 0  # training steps in a row that skipped an update (train.max_nonfinite_steps)
+
+
+class NonFiniteError(RuntimeError):
+    """``train.max_nonfinite_steps`` steps in a row had a non-finite loss or gradient: the run stops
+    (no such update was applied, so the weights and the checkpoints on disk are finite)."""
 
 
 @dataclass
@@ -116,6 +124,8 @@ class Trainer:
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
         self.policy = build_policy(r.model, log=self.log, decoder=r.rollout.decoder)
+        # Every prompt against the context, before anything tokenises a (possibly huge) row.
+        fit_prompt_lengths(r, self.policy, self.task, self.evaluator, self.log)
         check_rollout_fits(r, self.policy, self.task)
         # The reference model exists only when a KL term uses it.
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
@@ -149,7 +159,7 @@ class Trainer:
             "rng": ckpt.rng_state(self.generator),
             "train_state": self.state.__dict__.copy(),
             "recipe": self.recipe.to_dict(),
-            "source": self.source.state_dict(),  # the prompt sampler's state and the sampler's weights
+            "source": self.source.state_dict(),  # the prompt sampler's state, the sampler's weights, batches sampled ahead
             "methods": {name: method.state_dict() for name, method in self.methods},
         }
 
@@ -181,10 +191,14 @@ class Trainer:
             if getattr(self, "scorer", None) is not None:
                 self.scorer.close()
             raise
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.resume:
-            self._restore()
+            try:  # a refused or foreign checkpoint must not leave the reward workers and samplers running
+                self._restore()
+            except BaseException:
+                self.close()
+                raise
         else:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / RECIPE_FILE).write_text(json.dumps(r.to_dict(), indent=1))
         wall_before = self.state.wall_seconds
         resume_step = self.state.step if self.resume else None
@@ -303,6 +317,7 @@ class Trainer:
             s.metrics["lr"] = self.learner.end_step()
         else:
             s.metrics.update(self._optimise(s.batch, s.watch))
+            self._guard_nonfinite(s.step, s.metrics)
 
     def _after_update(self, s: "_Step") -> None:
         with s.watch("methods"):
@@ -343,9 +358,37 @@ class Trainer:
         sums, norms = self.learner.optimise(batch, loss_fn, passes=r.train.num_iterations,
                                             mini_batch_size=r.train.mini_batch_size,
                                             micro_batch_size=r.train.micro_batch_size, watch=watch)
+        # A skipped update (non-finite loss or gradient) still counts as a version: the samplers
+        # wait on version numbers, and the weights it "published" are simply unchanged.
         self.state.policy_version += len(norms)
-        return {**reduce_stats(sums, len(norms)), **self.learner.metrics(), "grad_norm": sum(norms) / len(norms),
+        finite = [n for n in norms if math.isfinite(n)]
+        return {**reduce_stats(sums, len(norms)), **self.learner.metrics(),
+                "grad_norm": sum(finite) / len(finite) if finite else math.nan,
                 "lr": self.learner.end_step(), "policy_version": self.state.policy_version}
+
+    def _guard_nonfinite(self, step: int, metrics: dict[str, Any]) -> None:
+        """Log the updates the learner skipped for a non-finite loss or gradient norm; stop the run
+        after ``train.max_nonfinite_steps`` steps in a row with one. The LR schedule still advances
+        on such a step (it counts training steps, as on a step with nothing to learn from)."""
+        skipped = self.learner.skipped
+        if not skipped:
+            self.state.nonfinite_streak = 0
+            return
+        self.state.nonfinite_streak += 1
+        metrics["train/nonfinite_updates"] = len(skipped)
+        limit, streak = self.recipe.train.max_nonfinite_steps, self.state.nonfinite_streak
+        what = "; ".join(skipped)
+        # Steps are named as in metrics.jsonl (the count of training steps done after this one).
+        self.log(f"warning: step {step + 1}: skipped {len(skipped)} update(s) ({what}); {streak} such step(s) "
+                 f"in a row, the run stops at train.max_nonfinite_steps={limit}")
+        if streak >= limit:
+            saved = ckpt.list_checkpoints(self.run_dir)
+            raise NonFiniteError(
+                f"step {step + 1}: {streak} training steps in a row (train.max_nonfinite_steps={limit}) had a "
+                f"non-finite loss or gradient; last: {what}. No such update was applied, so "
+                + (f"the last checkpoint, {saved[-1]}, is intact" if saved else "no checkpoint was written yet")
+                + ". Look for huge or NaN rewards or advantages (reward/* and reward_failures/* in "
+                "metrics.jsonl), or lower optim.lr")
 
     def _rollout_metrics(self, sampled: RolloutBatch, stats) -> dict[str, Any]:
         lengths = sampled.completion_mask.sum(-1).float()

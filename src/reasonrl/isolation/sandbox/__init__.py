@@ -15,6 +15,10 @@ the system's ``/usr/bin/python3`` and the standard library only:
   killed past 4x the bound);
 - nothing left running: the PID namespace dies with the run, detached children too.
 
+A reward that runs model code never lets it grade itself: the program gets only the inputs and
+writes each value back as data (``values``: strict JSON by exact type), and the caller compares
+them with the expected values in its own process.
+
 ``docs/sandbox.md`` has the details, the benchmark and what it does not protect against.
 """
 

@@ -2,9 +2,10 @@
 
 ``POST {base_url}/chat/completions`` with ``{"model", "messages", "temperature", "max_tokens"}``;
 the answer is ``choices[0].message.content``. The standard library only (``urllib``), a
-timeout per request, the API key read from the environment variable the recipe names
-(``api_key_env``; none for a local server that wants none). Works with OpenAI, vLLM's and
-llama.cpp's servers, LiteLLM, Ollama's ``/v1``, and so on.
+deadline of ``timeout_s`` per attempt (however slowly the server trickles its reply), the API
+key read from the environment variable the recipe names (``api_key_env``; none for a local
+server that wants none). Works with OpenAI, vLLM's and llama.cpp's servers, LiteLLM, Ollama's
+``/v1``, and so on.
 
 The HTTP exchange, the key lookup and the endpoint check are the core's
 (``reasonrl.policy.openai_chat``), shared with every other client of such an endpoint.
@@ -28,10 +29,10 @@ class OpenAIChatAdvisor(Advisor):
     """``base_url``: the API root (``https://api.openai.com/v1``, ``http://localhost:8000/v1``);
     ``model``: the model name sent; ``api_key_env``: the environment variable holding the key
     (sent as ``Authorization: Bearer``; None: no key); ``system``: the system message (None:
-    none); ``template``: the user message, ``{query}`` the student's query; ``timeout_s`` per
-    request; ``retries``: further attempts after a timeout, a connection error, HTTP 429 or
-    5xx, ``retry_wait_s`` × 2^attempt apart. Any other failure, or the last, raises
-    ``AdvisorError``."""
+    none); ``template``: the user message, ``{query}`` the student's query; ``timeout_s``: the
+    deadline of each attempt as a whole (not of each read); ``retries``: further attempts after
+    a timeout, a connection error, HTTP 429 or 5xx, ``retry_wait_s`` × 2^attempt apart. Any
+    other failure, or the last, raises ``AdvisorError``."""
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = None, system: str | None = DEFAULT_SYSTEM,
                  template: str = "{query}", temperature: Annotated[float, Range(ge=0)] = 0.0,

@@ -35,7 +35,9 @@ from reasonrl.sections import Recipe  # noqa: E402
 from reasonrl.methods.fed_grpo.client import FedClient, RoundResult, STATE_FILE, fed_settings, recipe_fingerprint  # noqa: E402
 from reasonrl.methods.fed_grpo.codec import Layout  # noqa: E402
 from reasonrl.methods.fed_grpo.strategy import FedGRPOStrategy  # noqa: E402
-from reasonrl.fsutil import atomic_torch_save, atomic_write_text  # noqa: E402
+from reasonrl.fsutil import atomic_write_text  # noqa: E402
+from reasonrl.isolation.parent_watch import watch_parent  # noqa: E402
+from reasonrl.train.checkpoint import load_state, save_state  # noqa: E402
 
 __all__ = ["simulate", "run_server", "client_train", "reply_content", "make_server_app", "make_client_app",
            "server_app", "client_app"]
@@ -79,7 +81,7 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
     evals: dict[int, dict[str, float]] = {}
     start = policy.weights()
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = load_state(state_path)  # tensors and plain data only: the file runs no code
         if state["federation"] != fingerprint:
             raise ValueError(f"{state_path} belongs to another federation (its recipe differs from {out}/recipe.json)")
         strategy.round_offset, strategy.global_reward = state["round"], state["global_reward"]
@@ -102,9 +104,9 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
         row.update({f"fed/{k}": v for k, v in strategy.round_metrics.get(rnd, {}).items()})
         writer.write(rnd, row)
         if rnd > 0:
-            atomic_torch_save(state_path, {"round": rnd, "arrays": weights, "global_reward": strategy.global_reward,
-                                           "evals": evals, "round_metrics": strategy.round_metrics,
-                                           "federation": fingerprint})
+            save_state(state_path, {"round": rnd, "arrays": weights, "global_reward": strategy.global_reward,
+                                    "evals": evals, "round_metrics": strategy.round_metrics,
+                                    "federation": fingerprint})
         log(f"round {rnd}: held-out accuracy {metrics.get('accuracy', float('nan')):.3f}")
         return MetricRecord({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 
@@ -205,11 +207,25 @@ def simulate(recipe: Recipe, out: str | Path, client_app: ClientApp | None = Non
 
 # -- the deployment apps (``flwr run``): recipe and output folder from the run config --------
 
+_WATCHED_PARENT: list[int] = []
+
+
+def _exit_with_superexec() -> None:
+    """End this deployed app's process (flwr-serverapp / flwr-clientapp) within
+    ``PARENT_POLL_S`` of its SuperExec's death. Flower's own watch (``--parent-pid``) raises
+    SIGINT instead, whose graceful exit pushes outputs and logs to the SuperLink with retries
+    and backoff: tens of seconds when the SuperLink died too (a killed fed-server/fed-client)."""
+    if not _WATCHED_PARENT:
+        _WATCHED_PARENT.append(os.getppid())
+        watch_parent(_WATCHED_PARENT[0])
+
+
 server_app = ServerApp()
 
 
 @server_app.main()
 def _deployed_server(grid: Grid, context: Context) -> None:
+    _exit_with_superexec()
     raw = json.loads(str(context.run_config[RECIPE_KEY]))
     run_server(grid, recipe_from_dict(raw, "the federated recipe"), str(context.run_config[OUT_KEY]))
 
@@ -219,6 +235,7 @@ client_app = ClientApp()
 
 @client_app.train()
 def _deployed_client(msg: Message, context: Context) -> Message:
+    _exit_with_superexec()
     raw = json.loads(str(context.run_config[RECIPE_KEY]))
     if "state-dir" not in context.node_config:  # fed-client always sets it; a bare flower-supernode may not
         raise ValueError("a deployed Fed-GRPO client needs its node config's state-dir (reasonrl fed-client sets it)")

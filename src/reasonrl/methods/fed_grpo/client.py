@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import Tensor
 
 from reasonrl.params import ConfigError
@@ -37,7 +36,7 @@ from reasonrl.recipe import recipe_from_dict
 from reasonrl.sections import Recipe
 from reasonrl.methods.fed_grpo.codec import Layout, SparseUpdate, encode
 from reasonrl.methods.fed_grpo.method import METHOD, FedGRPOClient
-from reasonrl.fsutil import atomic_torch_save
+from reasonrl.train.checkpoint import load_state, save_state
 
 __all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "fed_run_recipe",
            "recipe_fingerprint", "STATE_FILE"]
@@ -139,14 +138,14 @@ class FedClient:
         self.fed = fed_settings(recipe)
         self.fingerprint = recipe_fingerprint(recipe)
         self.state_dir = Path(state_dir)
+        self._saved_round: int | None = None  # the round client_state.pt ends (None: no such file)
+        state = self._newest_state(before_round)  # first: a refused file leaves nothing started
         self.trainer = Trainer(client_recipe(recipe, client), self.state_dir, log=log or (lambda _m: None))
         self.trainer.setup()
         self.method = next(m for name, m in self.trainer.methods if name == METHOD)
         self.layout = Layout.of(self.trainer.policy.weights())
         self.residual: dict[str, Tensor] = {}
         self.round = 0  # the last round this client trained
-        self._saved_round: int | None = None  # the round client_state.pt ends (None: no such file)
-        state = self._newest_state(before_round)
         if state is not None:
             self.residual, self.round = state["residual"], state["round"]
             self.trainer.load_state_dict(state)
@@ -177,7 +176,7 @@ class FedClient:
         # a client killed after the move and before the write still has that state, as prev.
         if self._saved_round is not None and self._saved_round < self.round:
             os.replace(self.state_dir / STATE_FILE, self.state_dir / PREV_STATE_FILE)
-        atomic_torch_save(self.state_dir / STATE_FILE, state)
+        save_state(self.state_dir / STATE_FILE, state)
         self._saved_round = self.round
 
     def _newest_state(self, before_round: int | None) -> dict[str, Any] | None:
@@ -187,7 +186,7 @@ class FedClient:
             path = self.state_dir / name
             if not path.is_file():
                 continue
-            state = torch.load(path, weights_only=False)
+            state = load_state(path)  # tensors and plain data only: the file runs no code
             if state.get("federation") != self.fingerprint:
                 raise ValueError(f"{path} holds another federation's client state (its recipe differs); "
                                  f"give this client a fresh state folder")

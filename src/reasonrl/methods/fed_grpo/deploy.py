@@ -117,10 +117,13 @@ def _env(home: Path) -> dict[str, str]:
 
 def _own_session_dying_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
-    try:  # Linux: SIGTERM when this process's parent dies, even by SIGKILL, so nothing is orphaned
+    # Linux: SIGKILL when this process's parent dies, even by SIGKILL, so nothing is orphaned. Not
+    # SIGTERM: a SuperLink's graceful shutdown waits for its open connections (a `flwr log` stream,
+    # a SuperNode) to close, and an orphan has no one left to finish for.
+    try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -128,10 +131,11 @@ def _own_session_dying_with_parent() -> None:  # runs in the child between fork 
 def _start(cmd: list[str], env: dict[str, str], log_file: Path | None = None) -> subprocess.Popen:
     """A Flower process in its own session: Ctrl-C in this terminal reaches this process only,
     which then stops it (``_stop``) in order; if this process is killed outright, the Flower
-    process gets SIGTERM from the kernel (Linux's parent-death signal). The SuperExec it starts
+    process gets SIGKILL from the kernel (Linux's parent-death signal). The SuperExec it starts
     detaches into a session of its own and exits when its parent does (Flower's
-    ``--parent-pid``), taking the ServerApp/ClientApp processes with it
-    (``tests/test_fed_deploy.py`` checks none is left)."""
+    ``--parent-pid``); the ServerApp/ClientApp processes exit within half a second of their
+    SuperExec (``apps._exit_with_superexec``). ``tests/test_fed_deploy.py`` kills fed-server and
+    fed-client with SIGKILL and checks that none is left seconds later."""
     out = open(log_file, "ab") if log_file is not None else None
     try:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
@@ -212,15 +216,19 @@ def serve(recipe: Recipe, out: str | Path, host: str = "127.0.0.1", port: int = 
     cmd += ["--insecure"] if tls is None else ["--ssl-certfile", tls.certfile, "--ssl-keyfile", tls.keyfile,
                                                 "--ssl-ca-certfile", tls.ca_certfile]
     with _TermAsInterrupt():
-        superlink = _start(cmd, env, link_log)
+        superlink, run = _start(cmd, env, link_log), None
         try:
             _wait_for_port(local, port, superlink, "flower-superlink", link_log)
             log(f"SuperLink on {host}:{port} (log: {link_log}); clients join with `reasonrl fed-client --client C "
                 f"--superlink {local}:{port}{' --insecure' if tls is None else ''}`")
-            run = subprocess.run([_flower_exe("flwr"), "run", str(app), CONNECTION, "--stream"], env=env)
-            if run.returncode != 0:
+            # Started as the SuperLink is, so it dies with this process: an orphaned `flwr run` went
+            # on streaming the run's log, keeping the SuperLink's graceful shutdown waiting.
+            run = _start([_flower_exe("flwr"), "run", str(app), CONNECTION, "--stream"], env)
+            if run.wait() != 0:
                 raise RuntimeError(f"`flwr run` failed with code {run.returncode}; the SuperLink's log: {link_log}")
         finally:
+            if run is not None:
+                _stop(run)
             _stop(superlink)
     summary = out / "summary.json"
     if not summary.is_file():

@@ -42,6 +42,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Sequence
 
+from reasonrl.isolation.sandbox import SandboxPool
 from reasonrl.params import Range, check_plugin_params
 from reasonrl.policy.openai_chat import check_endpoint, post_chat, read_api_key
 from reasonrl.registry import Registry
@@ -143,7 +144,10 @@ class ReferenceJudge(FSGJudge):
     draws vary only the helpers, so a wrong wiring, a miscopied number or a hard-coded answer
     disagrees, while an argument order the reference helper cannot tell apart still agrees.
     The candidate runs under the sandboxed FSG harness (``fsg_exec.run_jobs``), refused by the
-    code policy exactly as the verifier's run, and a node without a runnable span scores 0.
+    code policy exactly as the verifier's run, and a node without a runnable span scores 0. Each
+    distinct (node, code) runs in a sandbox of its own beside the other nodes' reference code; the
+    node's own reference runs apart, with reference code only, and the values are compared here
+    (so the candidate can neither read its node's reference nor forge the comparison).
 
         t_n = (1/K)·Σ_k 1[n's value on draw k equals the reference's]
         t   = mean over the graph's nodes of t_n
@@ -152,16 +156,17 @@ class ReferenceJudge(FSGJudge):
     overall verdict, which needs a model); the scores are pass rates of a hidden check, not an
     opinion, so they can be exact where the unit tests are coarse (a node right on its three tests
     but wrong elsewhere scores below 1), and they repeat the verifier where both see the same
-    mistake. ``timeout_s`` each sandbox (one per ``per_sandbox`` rollouts), ``test_timeout_s``
-    each draw, ``memory_mb`` each sandbox's memory."""
+    mistake. ``timeout_s`` each sandbox, ``test_timeout_s`` each draw, ``memory_mb`` each
+    sandbox's memory, ``workers`` sandboxes at once; ``per_sandbox`` is accepted for old recipes
+    and ignored (it was the number of rollouts sharing a sandbox)."""
 
     def __init__(self, inputs: Annotated[int, Range(ge=1)] = 8, low: int = 1, high: int = 20,
                  timeout_s: Annotated[float, Range(gt=0)] = 5.0, test_timeout_s: Annotated[float, Range(gt=0)] = 0.25,
-                 memory_mb: Annotated[int, Range(ge=32)] = 256, per_sandbox: Annotated[int, Range(ge=1)] = 8) -> None:
+                 memory_mb: Annotated[int, Range(ge=32)] = 256, per_sandbox: Annotated[int, Range(ge=1)] = 8,
+                 workers: Annotated[int, Range(ge=1)] = 2) -> None:
         self.validate(low=low, high=high)
-        self.inputs, self.low, self.high = inputs, low, high
-        self.limits = {"timeout_s": timeout_s, "test_timeout_s": test_timeout_s, "memory_mb": memory_mb,
-                       "per_sandbox": per_sandbox}
+        self.inputs, self.low, self.high, self.workers = inputs, low, high, workers
+        self.limits = {"timeout_s": timeout_s, "test_timeout_s": test_timeout_s, "memory_mb": memory_mb}
 
     @staticmethod
     def validate(low: int = 1, high: int = 20, **_) -> None:
@@ -193,18 +198,21 @@ class ReferenceJudge(FSGJudge):
                                 f"code; missing: {missing}")
         draws = self.draws(graph, random.Random(seed))
         runnable = [runnable_spans(p, graph)[0] for p in parsed]
-        unique = list({json.dumps(r, sort_keys=True): r for r in runnable}.values())  # identical code runs once
+        # One job per (node, its code): node n runs beside the *other* nodes' reference code, which
+        # must never share a process with their own candidates; identical code runs once.
+        codes = sorted({(n["id"], code[n["id"]]) for code in runnable for n in graph["nodes"] if n["id"] in code})
+        names = {n["id"]: n["name"] for n in graph["nodes"]}
         jobs = [{"program": None, "nodes": [
-            {"id": f"{n['id']}#{k}", "name": n["name"], "setup": setup, "code": code[n["id"]],
-             "reference": setup + [graph["reference"][n["id"]]], "tests": [{"call": call, "kind": "differential"}]}
-            for n in graph["nodes"] if n["id"] in code for k, (setup, call) in enumerate(draws[n["id"]])]}
-            for code in unique]
-        results = run_jobs(jobs, **self.limits)
+            {"id": str(k), "name": names[i], "setup": setup, "code": text,
+             "reference": setup + [graph["reference"][i]], "tests": [{"call": call, "kind": "differential"}]}
+            for k, (setup, call) in enumerate(draws[i])]} for i, text in codes]
+        with SandboxPool(self.workers) as pool:
+            runs = dict(zip(codes, run_jobs(jobs, pool=pool, **self.limits)))
         out = []
         for code in runnable:
-            result = results[unique.index(code)][0]["nodes"]
-            t_n = {i: sum(bool(r and r["tests"] and r["tests"][0][1]) for r in
-                          (result.get(f"{i}#{k}") for k in range(self.inputs))) / self.inputs for i in ids}
+            t_n = {i: sum(bool(r and r.tests and r.tests[0][1]) for r in
+                          (runs[i, code[i]].nodes.get(str(k)) for k in range(self.inputs))) / self.inputs
+                   if i in code else 0.0 for i in ids}
             out.append(Judgment(sum(t_n.values()) / len(ids), t_n))
         return out
 
@@ -293,7 +301,7 @@ def parse_reply(content: str, n: int, ids: list[str], who: str) -> list[Judgment
 @FSG_JUDGES.register("openai_chat")
 class OpenAIChatJudge(FSGJudge):
     """The reference's teacher judge: one chat-completions request per group to any endpoint that
-    speaks the OpenAI API (the HTTP exchange of ``envs.advisor.openai_chat.post_chat``).
+    speaks the OpenAI API (the HTTP exchange of ``reasonrl.policy.openai_chat.post_chat``).
 
     The user message is JSON: ``problem`` (the prompt), ``function_graph`` (the public graph), and
     per candidate its ``index``, its ``solution`` text and its ``execution`` summary (format gate,

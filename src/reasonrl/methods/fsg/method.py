@@ -161,7 +161,7 @@ class FSGVerifier(Method):
         the span rewards and the token→node map for ``advantage: fsg_span``. ``lambda_*``: the
         weights λ (defaults: the reference's main config, ``FSGWeights()``). ``sandbox_timeout_s``:
         each sandbox's wall time (the reference's 5 s); ``test_timeout_s``: each node's code and
-        each test; ``workers``: sandboxes at once; ``per_sandbox``: rollouts per sandbox.
+        each test; ``workers``: sandboxes at once; ``per_sandbox``: ignored (each rollout has its own).
         ``runtime_budget_s``, ``tool_budget``, ``token_budget``: the efficiency penalty's scales
         (the reference's 5 s, 8 code blocks, 2048 tokens), used only when ``lambda_eff > 0``.
         ``teacher``: the teacher group judge (None: off; a name of ``FSG_JUDGES`` or
@@ -250,8 +250,8 @@ class FSGVerifier(Method):
                         raise
                     failed += 1
                     if failed == 1:
-                        self.log(f"step {step}: {who} failed on a group (its t = 0; fsg/teacher_failed counts "
-                                 f"them): {type(exc).__name__}: {exc}")
+                        self.log(f"step {step}: {who} failed on a group (its t = 0; fsg/teacher_failed is the "
+                                 f"share of groups that failed): {type(exc).__name__}: {exc}")
                     continue
                 for r, a, b in zip(rows, ts, tns):
                     t[r], t_n[r] = a, b

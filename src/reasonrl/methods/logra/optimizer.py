@@ -28,6 +28,7 @@ refused at load. An async sampler (``rollout.source: async``) receives each upda
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Annotated, Any
@@ -159,7 +160,7 @@ def _eager_attention(model):
 
 class LoGRALearner(Learner):
     """The policy's learner when ``optim.name`` is ``logra`` (see the module docstring).
-    ``optimise`` is the base class's loop; ``begin_step``/``step`` are LoGRA's."""
+    ``optimise`` is the base class's loop; ``begin_step``/``step``/``skip`` are LoGRA's."""
 
     def __init__(self, policy, recipe) -> None:
         cfg: OptimConfig = recipe.optim
@@ -212,7 +213,7 @@ class LoGRALearner(Learner):
             return None
         return hook
 
-    # -- the loop's two seams ------------------------------------------------------------
+    # -- the loop's seams ----------------------------------------------------------------
     def begin_step(self, mini: RolloutBatch) -> None:
         self.slots = {n: [torch.zeros(m.out_features, self.hp.rank)] for n, m in self.layers.items()}
         self.mode = "sketch"
@@ -223,6 +224,8 @@ class LoGRALearner(Learner):
         sketches = {n: s[0] for n, s in self.slots.items()}
         self.slots = {}
         grad_norm = float(torch.stack([s.pow(2).sum() for s in sketches.values()]).sum().sqrt())
+        if not math.isfinite(grad_norm):  # no update, v untouched: the loop skips this mini-batch
+            return grad_norm
         dirs, w_sq, u_sq = {}, 0.0, 0.0
         for n, s in sketches.items():
             dirs[n], self.v[n] = L.row_adam(s, self.v[n], k, hp.beta2, hp.eps)
@@ -253,6 +256,10 @@ class LoGRALearner(Learner):
         self.k, self.dirs = k, {}
         self._refresh()
         return grad_norm
+
+    def skip(self, mini: RolloutBatch) -> None:
+        """Drop the mini-batch's sketches (a non-finite loss): no update, ``k`` and ``v`` unchanged."""
+        self.mode, self.slots = None, {}
 
     # -- the probe and the mismatch ---------------------------------------------------------
     def _probe_rows(self, mini: RolloutBatch) -> RolloutBatch:
