@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 DATA = Path(__file__).resolve().parent / "data" / "pinned"
 
 _COMMON = {
-    "model": {"backend": "hf", "path": str(DATA / "student")},
+    # device: cpu, explicitly: the numbers recorded before model.device existed hold on the CPU.
+    "model": {"backend": "hf", "path": str(DATA / "student"), "device": "cpu"},
     "task": {"name": "arithmetic", "max_operand": 4},
     "rollout": {"num_generations": 4, "max_new_tokens": 20, "temperature": 1.0},
     "optim": {"lr": 1e-3, "warmup_steps": 2, "schedule": "linear"},

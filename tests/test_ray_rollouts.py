@@ -5,8 +5,11 @@ import subprocess
 import pytest
 import ray
 
+from reasonrl import train
 from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
+
+from fsdp_helpers import close_metrics, max_relative_diff, one_process, raw_recipe, recipe_file
 
 from helpers import (QUIET, assert_each_step_trained_its_own_prompts, comparable_across_sources, learning_recipe,
                      per_step, same_weights, train_killing_a_sampler)
@@ -82,3 +85,18 @@ def test_a_ray_worker_at_staleness_1_resumes_exactly(tmp_path, user_ray, monkeyp
     assert comparable_across_sources(a, drop=("perf/",)) == comparable_across_sources(b, drop=("perf/",))
     assert same_weights(tmp_path / "straight", tmp_path / "resumed")
     assert per_step(a, "offpolicy/staleness_max") == {1: 0.0, 2: 1.0, 3: 1.0, 4: 1.0}
+
+
+def test_ray_places_two_learner_ranks_and_a_rollout_worker_and_stops_its_cluster(tmp_path):
+    """``train.engine: ray`` from Python: 2 FSDP2 learner actors and 1 Ray rollout worker in one
+    placement group (async at staleness 0, synchronous training in another process) train as one
+    process does; the local cluster it started is gone after."""
+    assert not ray.is_initialized()
+    one_process(recipe_file(tmp_path), tmp_path / "one")
+    raw = raw_recipe(rollout={"source": "async", "engine": "ray", "workers": 1}, train={"nproc": 2, "engine": "ray"})
+    assert train(raw, tmp_path / "ray")["steps"] == 3
+    close_metrics(tmp_path / "one", tmp_path / "ray")
+    assert max_relative_diff(tmp_path / "one", tmp_path / "ray") < 1e-5
+    shards = sorted(p.name for p in (tmp_path / "ray" / "checkpoints" / "step_000003" / "learner").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    assert not ray.is_initialized() and raylets() == 0

@@ -75,6 +75,13 @@ def train(recipe: Recipe | dict[str, Any] | str | Path | None, run_dir: str | Pa
         run_dir = Path(run_dir) if run_dir is not None else default_run_dir(built, recipe_path)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"run folder {run_dir} is not empty; pass resume=True to continue it")
+    if built.train.nproc > 1:  # several learner ranks (docs/scaling.md)
+        if built.train.engine != "ray":
+            raise ConfigError(f"train.nproc={built.train.nproc} with train.engine: torchrun starts processes from "
+                              "the command line: reasonrl train RECIPE --nproc N (or train.engine: ray from Python)")
+        from reasonrl.train.ray_ranks import run_on_ray
+
+        return run_on_ray(built, run_dir, resume=resume)
     return Trainer(built, run_dir, resume=resume, log=log).run()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,8 +18,12 @@ from reasonrl.registry import UnknownNameError
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from reasonrl.hooks import method_specs
+    from reasonrl.train.fsdp import check_shardable
+    from reasonrl.train.launch import launch_torchrun, launched_rank, run_rank
     from reasonrl.train.trainer import RECIPE_FILE, NonFiniteError, Trainer
 
+    ranked = launched_rank()  # (rank, size) when torchrun (or Slurm, or Ray) started this process
     if args.resume:
         run_dir = Path(args.resume)
         saved = run_dir / RECIPE_FILE
@@ -32,10 +37,33 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError("train needs a RECIPE.yaml (or --resume RUN_DIR)")
         recipe = load_recipe(args.recipe, args.set)
         run_dir = Path(args.output) if args.output else default_run_dir(recipe, args.recipe)
-        if run_dir.exists() and any(run_dir.iterdir()):
+        # Only rank 0 writes the folder; another rank may look after it has begun to.
+        if (ranked is None or ranked[0] == 0) and run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"output folder {run_dir} is not empty; use --resume {run_dir} to continue it")
+    if args.nproc is not None:  # the number of ranks changes no number of the run: allowed on --resume
+        if args.nproc < 1:
+            raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
+        recipe.train.nproc = args.nproc
+    if ranked is not None:
+        recipe.train.nproc = ranked[1]
+    elif recipe.train.nproc > 1:
+        check_shardable(recipe, method_specs(recipe))  # before any process starts
+    if ranked is None and recipe.train.nproc > 1 and recipe.train.engine == "torchrun":
+        command = ["train", "--resume", str(run_dir)] if args.resume else \
+            ["train", args.recipe, *[x for kv in args.set for x in ("--set", kv)], "-o", str(run_dir)]
+        return launch_torchrun(command, recipe.train.nproc, run_dir,
+                               lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
-        summary = Trainer(recipe, run_dir, resume=bool(args.resume)).run()
+        if ranked is not None:
+            summary = run_rank(recipe, run_dir, resume=bool(args.resume))
+            if summary is None:  # not rank 0: rank 0 reports
+                return 0
+        elif recipe.train.nproc > 1:  # train.engine: ray
+            from reasonrl.train.ray_ranks import run_on_ray
+
+            summary = run_on_ray(recipe, run_dir, resume=bool(args.resume))
+        else:
+            summary = Trainer(recipe, run_dir, resume=bool(args.resume)).run()
     except NonFiniteError as exc:  # a diagnosis, not a crash: no traceback
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 1
@@ -256,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a recipe value, e.g. --set optim.lr=1e-4 (repeatable)")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
     train.add_argument("-o", "--output", help="run folder (default: output_dir/<recipe>-<time>)")
+    train.add_argument("--nproc", type=int, metavar="N",
+                       help="learner ranks (FSDP2; overrides train.nproc): N processes under torchrun on this "
+                            "machine, or Ray actors with train.engine: ray (docs/scaling.md)")
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="sample n completions per problem: avg@k, pass@k, maj@k, greedy, with CIs")
@@ -365,6 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    code = 1  # an exception that escapes (its traceback is the report)
+    try:
+        code = _run(args)
+        return code
+    finally:
+        if os.environ.get("REASONRL_EXIT_FILE"):  # rank 0 under `reasonrl train --nproc N`
+            from reasonrl.train.launch import write_exit_status
+
+            write_exit_status(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except (ConfigError, UnknownNameError, FileNotFoundError, ImportError) as exc:

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+from reasonrl.devices import check_device_spec
 from reasonrl.params import Component, ConfigError, Range
 from reasonrl.registry import closest_match_hint
 
@@ -63,6 +64,13 @@ class ModelConfig:
     gguf_file: str | None = None
     """A GGUF file name inside ``path`` (dequantised once and cached as safetensors)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype the weights are loaded in and trained in (``bfloat16``: pure bf16, no fp32 master
+    copy; for bf16 compute over fp32 weights use ``train.precision: bf16``)."""
+    device: str = "auto"
+    """Where the models of the run live: ``auto`` (this rank's GPU when CUDA is available, else the
+    CPU), ``cpu``, ``cuda`` (under several learner ranks: each rank's own GPU) or ``cuda:N``.
+    A GPU this machine lacks fails at load. Batches stay on the CPU between stages
+    (``reasonrl.devices``)."""
     cache_dir: str | None = None
     """Where converted models are cached (default ``$REASONRL_CACHE`` or ``~/.cache/reasonrl``)."""
     lora: LoraConfig | None = None
@@ -238,6 +246,25 @@ class TrainConfig:
     optimiser state; each is logged as ``train/nonfinite_updates``)."""
     threads: int = 0
     """torch intra-op threads; 0 = leave torch's default."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """The learner's compute precision. ``bf16``: the policy's forward and backward in bfloat16 over
+    fp32 master weights that the optimiser updates (FSDP2's ``MixedPrecisionPolicy`` under several
+    ranks); log-probs, losses and advantages stay fp32. See docs/scaling.md for what it costs on CPUs."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them
+    (transformers' gradient checkpointing, non-reentrant): less memory, about one more forward.
+    The training forward then runs prompts row by row (``share_prompt`` needs the KV cache)."""
+    nproc: Annotated[int, Range(ge=1)] = 1
+    """Learner ranks (processes) of the FSDP2 learner (``reasonrl train --nproc N`` overrides it).
+    1: the single-process learner. Rank 0 samples, scores and logs; every rank trains its share of
+    each mini-batch's micro-batches; the step equals the single-process step (docs/scaling.md)."""
+    engine: Literal["torchrun", "ray"] = "torchrun"
+    """How ``nproc`` > 1 learner ranks start: ``torchrun`` (this machine, or under your own torchrun
+    or Slurm launch) or ``ray``: Ray actors in one placement group (``ray.init`` reaches an existing
+    cluster through ``RAY_ADDRESS``; none: a local one is started and stopped)."""
+    dist_timeout_s: Annotated[float, Range(gt=0)] = 1800.0
+    """Seconds a learner rank waits in a collective (rank 0 sampling, scoring and evaluating is the
+    longest wait) before it fails the run; a dead rank ends the run sooner (its launcher stops the rest)."""
 
 
 @dataclass
@@ -360,6 +387,10 @@ def need(cond: bool, where: str, msg: str) -> None:
 
 
 def check_model(model: ModelConfig, where: str, key: str) -> None:
+    try:
+        check_device_spec(model.device, f"{key}.device")
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     need(model.backend != "hf" or bool(model.path), where, f"{key}.path is required with {key}.backend: hf")
     known = [f.name for f in dataclasses.fields(TinyConfig)]
     bad = next((k for k in model.tiny if k not in known), None)

@@ -13,6 +13,8 @@ Log-prob passes compute LM-head logits only at completion positions.
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -41,6 +43,13 @@ def token_logprobs_and_entropy(logits: Tensor, tokens: Tensor, temperature: floa
     return logp, entropy
 
 
+def to_cpu(samples: Samples) -> Samples:
+    """``samples`` with every tensor on the CPU (the same object when they are there already)."""
+    moved = {f.name: v.cpu() for f in fields(samples)
+             if isinstance(v := getattr(samples, f.name), Tensor) and v.device.type != "cpu"}
+    return replace(samples, **moved) if moved else samples
+
+
 class HFPolicy:
     """A transformers ``AutoModelForCausalLM`` plus its tokenizer."""
 
@@ -52,7 +61,16 @@ class HFPolicy:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.chat_template = False  # wrap prompts as a user turn of the tokenizer's chat template
+        # train.precision bf16: every forward of this policy's model under torch.autocast (fp32
+        # weights, gradients and optimiser; bf16 matmuls). None: the weights' own dtype.
+        self.autocast: torch.dtype | None = None
         self.decoder = "hf"  # the sampling loop's decode step: "hf" (any model) or "fused" (Llama; fused_decode)
+
+    def to(self, device: str | torch.device) -> "HFPolicy":
+        """Move the model to ``device`` (in place; the policy's inputs follow, see :meth:`on_device`)."""
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        return self
 
     # -- sampling ---------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
@@ -110,11 +128,13 @@ class HFPolicy:
         self.model.eval()
         ids, mask = self.encode_prompts(prompts)
         try:
-            return sample_completions(self.model, self.tokenizer, ids, mask, num_generations, max_new_tokens,
-                                      temperature, generator, stop, refresh=refresh, compact=compact,
-                                      decoder=self.decoder, interrupt=interrupt)
+            with self.compute():
+                samples = sample_completions(self.model, self.tokenizer, ids, mask, num_generations,
+                                             max_new_tokens, temperature, generator, stop, refresh=refresh,
+                                             compact=compact, decoder=self.decoder, interrupt=interrupt)
         finally:
             self.model.train(was_training)
+        return to_cpu(samples)  # batches live on the CPU between stages (reasonrl.devices)
 
     def sampling_bytes(self, rows: int, length: int) -> int:
         """About how much memory sampling ``rows`` sequences of ``length`` tokens takes: the KV
@@ -146,14 +166,36 @@ class HFPolicy:
         Only the ``completion_len`` positions that predict completion tokens go
         through the LM head (``logits_to_keep``), never the prompt.
         """
+        input_ids, attention_mask = self.on_device(input_ids, attention_mask)
         logits = self._tail_logits(input_ids, attention_mask, completion_len)
         return token_logprobs_and_entropy(logits, input_ids[:, -completion_len:], temperature, with_entropy)
 
+    def compute(self):
+        """The context every forward of the model runs in: bf16 autocast with ``train.precision:
+        bf16`` (log-probs are taken from the logits in float32 all the same), else nothing."""
+        if self.autocast is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
+    def on_device(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+        """The inputs on this policy's device (the same tensors when they are there already): every
+        forward of a model goes through here, so callers hand over CPU batches."""
+        return tuple(t if t is None or t.device == self.device else t.to(self.device) for t in tensors)
+
+    def recomputes_activations(self) -> bool:
+        """Whether a training forward runs with gradient checkpointing (``train.gradient_checkpointing``),
+        which transformers runs without a KV cache."""
+        # transformers 5.20 renamed the flag (the old name warns); 5.17 (the GPU machine's) has only the old one.
+        name = "is_activation_checkpointing" if hasattr(self.model, "is_activation_checkpointing") \
+            else "is_gradient_checkpointing"
+        return bool(getattr(self.model, name, False)) and self.model.training
+
     def _tail_logits(self, input_ids: Tensor, attention_mask: Tensor, length: int) -> Tensor:
         """Logits of the ``length`` positions that predict the last ``length`` tokens."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-                         logits_to_keep=length + 1)
+        with self.compute():
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                             logits_to_keep=length + 1)
         return out.logits[:, :-1]
 
     def completion_logits(
@@ -173,20 +215,25 @@ class HFPolicy:
         of the prompt cost: G× fewer prompt tokens.
         """
         t = completion_ids.shape[1]
-        if group_ids is not None:
+        prompt_ids, prompt_mask, completion_ids, completion_mask = self.on_device(
+            prompt_ids, prompt_mask, completion_ids, completion_mask)
+        # Under gradient checkpointing transformers drops the cache the shared prompt needs: row by
+        # row instead (the same numbers, see above).
+        if group_ids is not None and not self.recomputes_activations():
             inverse, num_groups = group_inverse(group_ids)
             if num_groups < len(group_ids):
                 first = group_first_rows(inverse, num_groups)
                 p_ids, p_mask = prompt_ids[first], prompt_mask[first]
                 pos = position_ids_from_mask(p_mask)
-                out = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=pos, use_cache=True,
-                                 logits_to_keep=1)
-                cache = out.cache
-                cache.batch_select_indices(inverse)  # differentiable expansion to every row
-                mask = torch.cat([p_mask[inverse], completion_mask.to(p_mask.dtype)], dim=1)
-                c_pos = pos[inverse, -1:] + 1 + torch.arange(t, device=pos.device)
-                rest = self.model(input_ids=completion_ids, attention_mask=mask, position_ids=c_pos, cache=cache,
-                                  use_cache=True, logits_to_keep=t)
+                with self.compute():
+                    out = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=pos, use_cache=True,
+                                     logits_to_keep=1)
+                    cache = out.cache
+                    cache.batch_select_indices(inverse)  # differentiable expansion to every row
+                    mask = torch.cat([p_mask[inverse], completion_mask.to(p_mask.dtype)], dim=1)
+                    c_pos = pos[inverse, -1:] + 1 + torch.arange(t, device=pos.device)
+                    rest = self.model(input_ids=completion_ids, attention_mask=mask, position_ids=c_pos,
+                                      cache=cache, use_cache=True, logits_to_keep=t)
                 # The prompt's last position predicts the first completion token.
                 return torch.cat([out.logits[inverse, -1:], rest.logits[:, :-1]], dim=1)
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -206,7 +253,7 @@ class HFPolicy:
         """Log-probs (and entropies) of the completion tokens, with gradients (see
         :meth:`completion_logits` for the shared-prompt path)."""
         logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids)
-        return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
+        return token_logprobs_and_entropy(logits, self.on_device(completion_ids)[0], temperature, with_entropy)
 
     # -- weights ----------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -292,6 +339,7 @@ class HFPolicy:
         twin = HFPolicy(model, self.tokenizer, self.device)
         twin.chat_template = self.chat_template
         twin.decoder = self.decoder
+        twin.autocast = None if dtype is not None else self.autocast  # a cast copy computes in its own dtype
         return twin
 
     def parameters(self):

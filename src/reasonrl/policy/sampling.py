@@ -207,6 +207,11 @@ def _draw_multinomial(probs: Tensor, live: Tensor, n: int, generator, scratch: d
     still runs over a full ``[n, V]`` matrix (finished rows holding the uniform distribution),
     each live row in its own place: the exponential noise multinomial uses is consumed per
     element, so the live rows get exactly the tokens of the uncompacted batch."""
+    if generator is not None and generator.device != probs.device:
+        # The run's one random stream is a CPU generator (reasonrl.devices): a GPU run draws from
+        # a CPU copy of the probabilities, so it draws what a CPU run would (rows × vocab floats
+        # a token; on GPUs the inference engine is the fast path).
+        return _draw_multinomial(probs.cpu(), live.cpu(), n, generator, scratch.setdefault("cpu", {})).to(probs.device)
     if len(live) == n:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     full = scratch.get("probs")
@@ -221,7 +226,9 @@ def _draw_inverse_cdf(probs: Tensor, live: Tensor, n: int, generator, scratch: d
     sum (float64) and u ~ U[0, 1), one per row. A token of probability 0 is never drawn (its
     F equals its predecessor's). ``n`` uniforms are drawn every step and the live rows take
     theirs, so compaction leaves the tokens unchanged."""
-    u = torch.rand(n, 1, generator=generator, dtype=torch.float64, device=probs.device)[live]
+    # From the run's CPU stream when the model is on a GPU (see _draw_multinomial).
+    u = torch.rand(n, 1, generator=generator, dtype=torch.float64,
+                   device=generator.device if generator is not None else probs.device).to(probs.device)[live]
     cdf = probs.double().cumsum(-1)
     tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     return tok.clamp_(max=probs.shape[-1] - 1)

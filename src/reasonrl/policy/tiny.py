@@ -166,3 +166,26 @@ def load_tiny_policy(spec: TinySpec | None = None, cache_dir: str | Path | None 
             policy.save(tmp)
             (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=1))
     return load_hf_policy(path)
+
+
+# SmolLM2-135M's architecture (its config.json): a Llama with grouped-query attention (9 query
+# heads of 64 over 3 key/value heads), SiLU MLPs, RMSNorm, RoPE θ = 1e5 and tied embeddings.
+SMOLLM2_ARCHITECTURE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                            num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
+                            rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=True)
+
+
+def write_smollm2_architecture(folder: str | Path, seed: int = 0, **overrides) -> Path:
+    """A randomly initialised model of SmolLM2-135M's architecture with the embedded character
+    tokenizer, saved as a Hugging Face folder (``model: {backend: hf, path: folder}``): for
+    checks of the real architecture's code paths where SmolLM2's weights are absent (tests, a
+    GPU machine that cannot carry them). ``overrides``: config values, e.g. fewer layers."""
+    tok = build_char_tokenizer(ARITHMETIC_CHARS)
+    config = LlamaConfig(**{**SMOLLM2_ARCHITECTURE, **overrides}, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with atomic_directory(Path(folder), overwrite=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+    return Path(folder)

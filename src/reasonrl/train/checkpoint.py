@@ -60,10 +60,15 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
 MODEL_DIR = "model"
 
 
-def save_checkpoint(run_dir: Path, step: int, policy, state: dict[str, Any], keep: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, policy, state: dict[str, Any], keep: int, learner=None) -> Path:
+    """Write ``checkpoints/step_<step>`` atomically: the policy's weights, ``state`` and what
+    the ``learner`` keeps apart from it (a sharded learner's ``learner/`` folder, written by
+    every rank into the same temporary folder before it is renamed into place)."""
     final = run_dir / "checkpoints" / f"step_{step:06d}"
     with atomic_directory(final, overwrite=True) as tmp:
         policy.save(tmp / MODEL_DIR)
+        if learner is not None:
+            learner.save(tmp)
         save_state(tmp / STATE_FILE, state)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -77,14 +82,15 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / STATE_FILE).is_file())
 
 
-def load_latest(run_dir: Path, policy) -> dict[str, Any]:
-    """Load the newest checkpoint's weights into ``policy``; return the rest of its state."""
+def load_latest(run_dir: Path, policy) -> tuple[dict[str, Any], Path]:
+    """Load the newest checkpoint's weights into ``policy``; return the rest of its state and
+    its folder (where a learner finds what it saved apart, see :func:`save_checkpoint`)."""
     found = list_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(f"no checkpoint in {run_dir}/checkpoints to resume from")
     state = load_state(found[-1] / STATE_FILE)  # before the weights: a refused file changes nothing
     policy.load_weights(found[-1] / MODEL_DIR)
-    return state
+    return state, found[-1]
 
 
 # What torch.load(weights_only=True) rebuilds besides tensors (torch's own allow-list, less its

@@ -126,6 +126,9 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
     methods' extra loss terms (``Method.loss_term``), each added as it returns it."""
     if totals.group_rows is not None:  # before the forward pass: fail fast
         check_whole_groups(micro, totals.group_rows, cfg.policy)
+    device = getattr(policy, "device", None)  # a stand-in policy without one computes where its inputs are
+    if device is not None and micro.advantages is not None and micro.advantages.device != device:
+        micro = micro.to(device)  # the batch lives on the CPU; the loss is computed beside the model
     mask = loss_mask(micro, cfg)
     if terms:  # a term may need the full distributions: one forward pass serves both
         logits = completion_logits(policy, micro, share_prompt)
@@ -174,5 +177,23 @@ def reduce_stats(sums: dict[str, float], optimizer_steps: int) -> dict[str, floa
 def batch_logprobs(policy: HFPolicy, batch: RolloutBatch, micro_batch_size: int, temperature: float,
                    share_prompt: bool) -> Tensor:
     """Log-probs of the batch's completion tokens under ``policy`` (old or reference policy)."""
-    parts = [completion_logprobs(policy, m, temperature, share_prompt)[0] for m in batch.split(micro_batch_size)]
+    parts = [completion_logprobs(policy, m, temperature, share_prompt)[0].cpu() for m in batch.split(micro_batch_size)]
     return torch.cat(parts) * batch.completion_mask
+
+
+def policy_loss_fn(policy: HFPolicy, recipe, terms: Sequence[LossTerm] = ()):
+    """The learner's loss function (``reasonrl.train.optim.LossFn``) for ``recipe``: the policy
+    objective of :func:`micro_batch_loss` on each micro-batch with its mini-batch's totals
+    (computed once per mini-batch), plus the methods' ``terms``. Every learner rank builds the
+    same one (``reasonrl.train.fsdp``)."""
+    r = recipe
+    # Holding the mini-batch itself (not its id), so a later one can never be mistaken for it.
+    current: dict = {"mini": None, "totals": None}
+
+    def loss_fn(micro: RolloutBatch, mini: RolloutBatch, _pass: int, _j: int):
+        if current["mini"] is not mini:
+            current.update(mini=mini, totals=totals(mini, r.loss, r.rollout.max_new_tokens))
+        return micro_batch_loss(policy, micro, r.loss, current["totals"], r.rollout.temperature, r.train.share_prompt,
+                                terms, mini)
+
+    return loss_fn

@@ -18,10 +18,14 @@ from __future__ import annotations
 import math
 import warnings
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
 from reasonrl.batch import RolloutBatch
 from reasonrl.sections import OptimConfig
@@ -87,7 +91,9 @@ def build_learner(policy, recipe) -> "Learner":
     cls = getattr(OPTIMIZERS.get(recipe.optim.name), "learner", None)
     if cls is not None:
         return cls(policy, recipe)
-    return Learner(policy.parameters(), recipe.optim, recipe.train.steps)
+    learner = Learner(policy.parameters(), recipe.optim, recipe.train.steps)
+    learner.policy = policy
+    return learner
 
 
 class Learner:
@@ -105,6 +111,10 @@ class Learner:
     update of the last ``optimise`` call. The caller decides how many in a row end the run
     (the Trainer: ``train.max_nonfinite_steps``).
     """
+
+    policy = None
+    """The policy whose parameters this learner trains, when it trains one (``build_learner``):
+    the trainer computes the loss with it, and a sharded checkpoint (``learner/``) loads into it."""
 
     def __init__(self, parameters: Iterable[Tensor], cfg: OptimConfig, total_steps: int) -> None:
         self.parameters = [p for p in parameters if p.requires_grad]
@@ -127,9 +137,11 @@ class Learner:
             for i, mini in enumerate(batch.split(mini_batch_size or len(batch))):
                 self.begin_step(mini)
                 bad_loss = None
-                for j, micro in enumerate(mini.split(micro_batch_size)):
+                for j, (micro, weight) in enumerate(self.micro_batches(mini, micro_batch_size)):
                     with timed("forward"):
                         loss, stats = loss_fn(micro, mini, p, j)
+                    if not weight:  # a stand-in that only keeps this rank in step with the others
+                        loss, stats = loss * 0.0, {}
                     with timed("backward"):
                         loss.backward()
                     value = float(loss.detach())
@@ -137,6 +149,7 @@ class Learner:
                         bad_loss = f"loss {value} (micro-batch {j})"
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
+                bad_loss = self.agree(bad_loss)
                 with timed("optimizer"):
                     # A non-finite loss is not stepped on even when its gradient happens to be finite.
                     norm = self.step(mini) if bad_loss is None else math.nan
@@ -145,12 +158,25 @@ class Learner:
                         self.skipped.append(f"pass {p}, mini-batch {i}: non-finite "
                                             + (bad_loss or f"gradient norm {norm}"))
                 norms.append(norm)
-        return sums, norms
+        return self.total(sums), norms
 
     # The seams of the loop; an optimiser that needs the model and the mini-batch (LoGRA's
     # sketch hooks and probe, ``reasonrl.methods.logra.optimizer``) brings a subclass that overrides them.
     def begin_step(self, mini: RolloutBatch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    # The seams a learner over several ranks (``reasonrl.train.fsdp.ShardedLearner``) overrides.
+    def micro_batches(self, mini: RolloutBatch, size: int) -> list[tuple[RolloutBatch, float]]:
+        """The micro-batches this process back-propagates, each with its weight (0: a stand-in)."""
+        return [(micro, 1.0) for micro in mini.split(size)]
+
+    def agree(self, bad_loss: str | None) -> str | None:
+        """Why the mini-batch's update is skipped (None: it is not), agreed by every rank."""
+        return bad_loss
+
+    def total(self, sums: dict[str, float]) -> dict[str, float]:
+        """The statistics summed over every rank's micro-batches."""
+        return sums
 
     def step(self, mini: RolloutBatch) -> float:
         """Clip, step; returns the gradient norm before clipping. A non-finite norm changes
@@ -181,7 +207,53 @@ class Learner:
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def save(self, folder: Path) -> None:
+        """Write what ``state_dict`` leaves out into a checkpoint folder (nothing: all of it is there)."""
+
+    def load_state_dict(self, state: dict[str, Any], folder: Path | None = None) -> None:
+        """Restore ``state`` (``state_dict``'s); a checkpoint ``folder`` written by several ranks
+        holds the optimiser (and the weights) in ``learner/`` instead (``reasonrl.train.fsdp``),
+        which loads into this one process's policy and optimiser."""
+        if folder is not None and (folder / SHARDED_DIR).is_dir():
+            load_sharded(self.policy.model, self.optimizer, folder / SHARDED_DIR)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         if "scheduler" in state:
             self.scheduler.load_state_dict(state["scheduler"])
+            # The schedule decides the LR (a sharded checkpoint's groups may be any rank's copy).
+            for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+                group["lr"] = lr
+
+    def close(self) -> None:
+        """Release what the learner holds beyond this process (other ranks: ``ShardedLearner``)."""
+
+
+# A checkpoint's torch.distributed.checkpoint folder: the learner's model and optimiser state,
+# keyed by parameter names, so any number of ranks (one included) reads what any number wrote.
+SHARDED_DIR = "learner"
+
+
+def sharded_state(model, optimizer, with_optimizer: bool | None = None) -> dict[str, Any]:
+    """The model's and optimiser's state as torch.distributed.checkpoint saves and loads it:
+    keyed by parameter names, each rank's shards as DTensors (plain tensors in one process).
+    An optimiser that has not stepped yet is left out (``with_optimizer`` None): reading its
+    state would make torch create it with a zero-gradient step that counts in Adam's bias
+    correction (a run whose first steps hold the policy, e.g. a critic's warm-up)."""
+    if with_optimizer is None:
+        with_optimizer = bool(optimizer.state)
+    if not with_optimizer:
+        return {"model": get_model_state_dict(model)}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def load_sharded(model, optimizer, folder: Path) -> None:
+    """Load a ``learner/`` folder into ``model`` and ``optimizer`` (sharded or not, whatever the
+    number of ranks that wrote it); every rank of the model calls it."""
+    saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    state = sharded_state(model, optimizer, with_optimizer=any(k.startswith("optim.") for k in saved))
+    dcp.load(state, checkpoint_id=str(folder))
+    if "optim" in state:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        set_model_state_dict(model, state["model"])

@@ -37,7 +37,7 @@ from reasonrl.params import ConfigError
 from reasonrl.sections import Recipe
 from reasonrl.evaluate.evaluator import EvalResult, Evaluator
 from reasonrl.fsutil import atomic_write_text
-from reasonrl.hooks import Method, MethodContext, build_methods
+from reasonrl.hooks import Method, MethodContext, build_methods, method_specs
 from reasonrl.params import inject
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.factory import build_policy
@@ -52,7 +52,8 @@ from reasonrl.tasks.lengths import fit_prompt_lengths
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.metrics_log import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.behaviour import prepare_behaviour
-from reasonrl.train.objective import batch_logprobs, micro_batch_loss, reduce_stats, totals
+from reasonrl.train.fsdp import ShardedLearner, check_shardable, sharded
+from reasonrl.train.objective import batch_logprobs, policy_loss_fn, reduce_stats
 from reasonrl.train.optim import Learner, build_learner
 from reasonrl.train.progress import Progress
 from reasonrl.train.trackers import check_trackers, open_trackers
@@ -123,13 +124,19 @@ class Trainer:
         self.scorer = build_scorer(r).start() if source.scores_in_learner else None
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
-        self.policy = build_policy(r.model, log=self.log, decoder=r.rollout.decoder)
+        self.policy = build_policy(r.model, log=self.log, decoder=r.rollout.decoder,
+                                   gradient_checkpointing=r.train.gradient_checkpointing, precision=r.train.precision)
         # Every prompt against the context, before anything tokenises a (possibly huge) row.
         fit_prompt_lengths(r, self.policy, self.task, self.evaluator, self.log)
         check_rollout_fits(r, self.policy, self.task)
         # The reference model exists only when a KL term uses it.
-        self.ref_policy = build_policy(r.model, log=self.log, trainable=False) if r.loss.kl.coef > 0 else None
-        self.learner = build_learner(self.policy, r)  # the optimiser entry may bring its own (logra)
+        self.ref_policy = build_policy(r.model, log=self.log, trainable=False, precision=r.train.precision) \
+            if r.loss.kl.coef > 0 else None
+        if sharded():  # rank 0 of the FSDP2 learner (reasonrl.train.fsdp)
+            check_shardable(r, method_specs(r))
+            self.learner = ShardedLearner(self.policy, r)
+        else:
+            self.learner = build_learner(self.policy, r)  # the optimiser entry may bring its own (logra)
         self.methods = build_methods(r)
         self.source = source(SourceContext(
             recipe=r, policy=self.policy, scorer=self.scorer, task=self.task, sampler=self.sampler,
@@ -147,8 +154,10 @@ class Trainer:
         self._setup()
 
     def close(self) -> None:
-        """Stop the rollout source and the reward workers (the end of ``run``, or a driver's)."""
+        """Stop the rollout source, the reward workers and the other learner ranks (the end of
+        ``run``, or a driver's)."""
         self.source.close()
+        self.learner.close()
         if self.scorer is not None:
             self.scorer.close()
 
@@ -164,12 +173,13 @@ class Trainer:
         }
 
     def _restore(self) -> None:
-        self.load_state_dict(ckpt.load_latest(self.run_dir, self.policy))
+        self.load_state_dict(*ckpt.load_latest(self.run_dir, self.policy))
         self.log(f"resumed {self.run_dir} at step {self.state.step}")
 
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """The inverse of :meth:`state_dict` (the weights are the caller's)."""
-        self.learner.load_state_dict(saved)
+    def load_state_dict(self, saved: dict[str, Any], folder: Path | None = None) -> None:
+        """The inverse of :meth:`state_dict` (the weights are the caller's; ``folder``: the
+        checkpoint's, for what the learner saved apart)."""
+        self.learner.load_state_dict(saved, folder)
         ckpt.restore_rng(saved["rng"], self.generator)
         self.state = TrainState(**saved["train_state"])
         # Checkpoints from before rollout sources held the prompt sampler's state at the top level.
@@ -228,7 +238,7 @@ class Trainer:
                 progress.update(metrics)
                 if self.state.step % r.train.checkpoint_every == 0 or self.state.step == r.train.steps:
                     ckpt.save_checkpoint(self.run_dir, self.state.step, self.policy, self.state_dict(),
-                                         r.train.keep_checkpoints)
+                                         r.train.keep_checkpoints, self.learner)
             progress.close()
             final_eval = self.evaluator(self.policy)
             if final_eval.metrics:
@@ -344,17 +354,10 @@ class Trainer:
 
     def _optimise(self, batch: RolloutBatch, watch: Stopwatch) -> dict[str, float]:
         r = self.recipe
-        # The mini-batch's totals, computed once per mini-batch; holding the mini-batch itself
-        # (not its id) so a later one can never be mistaken for it.
-        current: dict[str, Any] = {"mini": None, "totals": None}
         terms = [m.loss_term for _, m in self.methods if type(m).loss_term is not Method.loss_term]
-
-        def loss_fn(micro: RolloutBatch, mini: RolloutBatch, _pass: int, _j: int):
-            if current["mini"] is not mini:
-                current.update(mini=mini, totals=totals(mini, r.loss, r.rollout.max_new_tokens))
-            return micro_batch_loss(self.policy, micro, r.loss, current["totals"],
-                                    r.rollout.temperature, r.train.share_prompt, terms, mini)
-
+        # The learner's own policy: the same object in one process, the sharded copy under FSDP
+        # (a user's optimiser may bring a learner that does not name it: then it trains ours).
+        loss_fn = policy_loss_fn(self.learner.policy or self.policy, r, terms)
         sums, norms = self.learner.optimise(batch, loss_fn, passes=r.train.num_iterations,
                                             mini_batch_size=r.train.mini_batch_size,
                                             micro_batch_size=r.train.micro_batch_size, watch=watch)

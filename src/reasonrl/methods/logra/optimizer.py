@@ -323,7 +323,7 @@ class LoGRALearner(Learner):
     def state_dict(self) -> dict[str, Any]:
         return {"logra": {"k": self.k, "v": {n: v.clone() for n, v in self.v.items()}, "mismatch": self.mismatch}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], folder=None) -> None:
         if "logra" not in state:
             raise ValueError("this checkpoint was not written with optim.name: logra; resume with its own optimiser")
         s = state["logra"]
