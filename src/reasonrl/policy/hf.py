@@ -252,8 +252,11 @@ class HFPolicy:
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of the completion tokens, with gradients (see
         :meth:`completion_logits` for the shared-prompt path)."""
+        # Moved once here; completion_logits then finds them on the device.
+        prompt_ids, prompt_mask, completion_ids, completion_mask = self.on_device(
+            prompt_ids, prompt_mask, completion_ids, completion_mask)
         logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids)
-        return token_logprobs_and_entropy(logits, self.on_device(completion_ids)[0], temperature, with_entropy)
+        return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
 
     # -- weights ----------------------------------------------------------
     def save(self, path: str | Path) -> None:
