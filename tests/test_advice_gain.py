@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import reasonrl.methods.advisor.method as advice_gain_module
-import reasonrl.rollout.episodes as episodes
+import reasonrl.policy.hf as hf_policy  # the module whose sample_completions an episode turn calls
 from reasonrl.methods.advisor.maths import advice_gain, answer_probability
 from reasonrl.config import ConfigError, load_recipe
 from reasonrl.methods.advisor import ArithmeticAdvisorTask
@@ -220,7 +220,7 @@ def test_the_stage_2_recipe_trains_from_a_saved_model(tmp_path, monkeypatch):
     """Two steps of recipes/advisor_stage2.yaml, starting (as stage 2 of the schedule does) from a
     model folder written by ``policy.save``, the way a run writes ``final_model``."""
     student().save(tmp_path / "stage1_final_model")
-    monkeypatch.setattr(episodes, "sample_completions", asker)
+    monkeypatch.setattr(hf_policy, "sample_completions", asker)
     recipe = load_recipe(RECIPE, [
         f"model={{backend: hf, path: {tmp_path / 'stage1_final_model'}}}", "env.advisor=oracle_arithmetic",
         "train.steps=2", "train.prompts_per_step=2", "rollout.num_generations=4", "eval.size=4",

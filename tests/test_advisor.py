@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import reasonrl.rollout.episodes as episodes
+import reasonrl.policy.hf as hf_policy  # the module whose sample_completions an episode turn calls
 from reasonrl.config import ConfigError
 from reasonrl.methods.advisor import (ADVISORS, Advisor, AdvisorEnv, AdvisorError, ArithmeticAdvisorTask,
                                    OpenAIChatAdvisor, TinyAdvisor, advice_value, get_advisor)
@@ -61,7 +61,7 @@ ADVISORS.register("counting_test")(Counting)
 
 def test_a_two_call_episode_has_the_hand_checked_reward_and_layout(monkeypatch):
     pol = student()
-    monkeypatch.setattr(episodes, "sample_completions", scripted(["{1+2}", "{3*4}", ";####12</s>"], pol.tokenizer, []))
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted(["{1+2}", "{3*4}", ";####12</s>"], pol.tokenizer, []))
     ep = EpisodeRollout(pol, advisor_recipe({"budget": 2, "cost": 0.1, "token_cost": 0.01}))
     problem = Problem("1+2*4;", "12")
     s = sample_problems(ep, [problem], 2, 12, 1.0, torch.Generator().manual_seed(0))
@@ -81,7 +81,7 @@ def test_a_two_call_episode_has_the_hand_checked_reward_and_layout(monkeypatch):
 def test_a_call_over_the_budget_is_refused_unsent_and_penalised(monkeypatch):
     pol = student()
     Counting.received = []
-    monkeypatch.setattr(episodes, "sample_completions", scripted(["{1+2}", "{3*4}", "{5+5}"], pol.tokenizer, []))
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted(["{1+2}", "{3*4}", "{5+5}"], pol.tokenizer, []))
     ep = EpisodeRollout(pol, advisor_recipe({"advisor": "counting_test", "budget": 2, "cost": 0.1}))
     s = sample_problems(ep, [Problem("1+2*4;", "12")], 2, 12, 1.0, torch.Generator().manual_seed(0))
     assert Counting.received == ["1+2", "1+2", "3*4", "3*4"]  # turn by turn; the third query of each never left
@@ -164,7 +164,7 @@ def test_sampled_episodes_never_exceed_the_budget(monkeypatch, mode):
     advisor receives more than ``budget`` queries, and the logged calls are the queries sent."""
     pol = student()
     pool = ["{1+1}", "{2*3}", "{7}", "1+1=2;", "{9*9}", "5;####5</s>", "9}"]
-    monkeypatch.setattr(episodes, "sample_completions", random_turns(pool, pol.tokenizer))
+    monkeypatch.setattr(hf_policy, "sample_completions", random_turns(pool, pol.tokenizer))
     SpyEnv.made, Counting.received = [], []
     r = advisor_recipe({"name": "advisor_spy_test", "advisor": "counting_test", "budget": 2, "over_budget": mode},
                        rollout={"max_new_tokens": 8, "max_turns": 8, "max_episode_tokens": 64})
@@ -217,7 +217,7 @@ def test_a_scripted_student_replaying_its_warm_up_earns_it(monkeypatch):
     pol = student()
     query, rest = p.solution.split("}", 1)
     answer_turn = rest.split(";", 1)[1]
-    monkeypatch.setattr(episodes, "sample_completions", scripted([query + "}", ";" + answer_turn + "</s>"],
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted([query + "}", ";" + answer_turn + "</s>"],
                                                                   pol.tokenizer, []))
     s = sample_problems(EpisodeRollout(pol, advisor_recipe()), [p], 2, 12, 1.0, torch.Generator().manual_seed(0))
     assert s.texts == [p.solution] * 2 and exact_answer(s.texts[0], p) == 1.0

@@ -7,7 +7,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, trainers
 from transformers import PreTrainedTokenizerFast
 
-import reasonrl.rollout.episodes as episodes
+import reasonrl.policy.hf as hf_policy  # the module whose sample_completions an episode turn calls
 from reasonrl.config import ConfigError
 from reasonrl.envs.base import Environment, Step
 from reasonrl.envs.calculator import ArithmeticToolsTask, Calculator, evaluate_expression
@@ -42,7 +42,7 @@ def test_a_three_turn_episode_has_the_hand_checked_loss_mask(monkeypatch):
     pol = tools_policy()
     tok = pol.tokenizer
     seen = []
-    monkeypatch.setattr(episodes, "sample_completions", scripted(["[1+2]", "[3*4]", "12;####12</s>"], tok, seen))
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted(["[1+2]", "[3*4]", "12;####12</s>"], tok, seen))
     ep = EpisodeRollout(pol, calculator_recipe())
     problem = Problem("1+2*4;", "12")
     s = sample_problems(ep, [problem], 2, 12, 1.0, torch.Generator().manual_seed(0))
@@ -63,7 +63,7 @@ def test_a_three_turn_episode_has_the_hand_checked_loss_mask(monkeypatch):
 
 def test_an_episode_that_runs_out_of_turns_is_truncated_and_calls_cost(monkeypatch):
     pol = tools_policy()
-    monkeypatch.setattr(episodes, "sample_completions", scripted(["[1+2]"] * 3, pol.tokenizer, []))
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted(["[1+2]"] * 3, pol.tokenizer, []))
     ep = EpisodeRollout(pol, calculator_recipe(env={"name": "calculator", "call_cost": 0.25}))
     s = sample_problems(ep, [Problem("1+2;", "3")], 2, 12, 1.0, torch.Generator().manual_seed(0))
     assert s.truncated.all() and s.env_rewards.tolist() == [-0.75, -0.75]
@@ -72,7 +72,7 @@ def test_an_episode_that_runs_out_of_turns_is_truncated_and_calls_cost(monkeypat
 
 def test_the_episode_token_budget_cuts_the_last_turn(monkeypatch):
     pol = tools_policy()
-    monkeypatch.setattr(episodes, "sample_completions", scripted(["[10+20]", "[30*40]", "1200;####1200</s>"],
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted(["[10+20]", "[30*40]", "1200;####1200</s>"],
                                                                   pol.tokenizer, []))
     ep = EpisodeRollout(pol, calculator_recipe(rollout={"max_episode_tokens": 20}))
     s = sample_problems(ep, [Problem("10+20*40;", "1200")], 2, 12, 1.0, torch.Generator().manual_seed(0))
@@ -214,7 +214,7 @@ ENVIRONMENTS.register("two_streams_test")(TwoStreams)
 
 def test_each_observation_token_records_its_channel(monkeypatch):
     pol = tools_policy()
-    monkeypatch.setattr(episodes, "sample_completions", scripted(["31", "42", "5</s>"], pol.tokenizer, []))
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted(["31", "42", "5</s>"], pol.tokenizer, []))
     ep = EpisodeRollout(pol, mini_recipe(env={"name": "two_streams_test"}, rollout={"max_turns": 3}))
     s = sample_problems(ep, [Problem("9;", "")], 2, 8, 1.0, torch.Generator().manual_seed(0))
     #            3  1  1  1  4  2  2  5  </s>
@@ -229,7 +229,7 @@ def test_an_unknown_channel_is_a_clear_error(monkeypatch):
 
     ENVIRONMENTS.register("bad_channel_test")(Bad)
     pol = tools_policy()
-    monkeypatch.setattr(episodes, "sample_completions", scripted(["31"], pol.tokenizer, []))
+    monkeypatch.setattr(hf_policy, "sample_completions", scripted(["31"], pol.tokenizer, []))
     ep = EpisodeRollout(pol, mini_recipe(env={"name": "bad_channel_test"}))
     with pytest.raises(ValueError, match=r"channel 'c'; its channels are \['a', 'b'\]"):
         sample_problems(ep, [Problem("9;", "")], 2, 8, 1.0, torch.Generator().manual_seed(0))

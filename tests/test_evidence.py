@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import reasonrl.rollout.episodes as episodes
+import reasonrl.policy.hf as hf_policy  # the module whose sample_completions an episode turn calls
 from reasonrl.methods.omniseek.maths import channel_necessity, necessity_mask, necessity_reward
 from reasonrl.config import ConfigError, load_recipe
 from reasonrl.envs.base import Step
@@ -82,7 +82,7 @@ def test_an_error_reply_is_no_evidence_so_both_streams_count_only_when_answered(
 
 def test_an_evidence_episode_tags_each_streams_tokens(monkeypatch):
     pol = evidence_policy()
-    monkeypatch.setattr(episodes, "sample_completions",
+    monkeypatch.setattr(hf_policy, "sample_completions",
                         scripted(["A13-13]", "B7-7]", "3+2=5;####5</s>"], pol.tokenizer, []))
     ep = EpisodeRollout(pol, mini_recipe(task={"name": "evidence_seek"}, env={"name": "evidence"},
                                          rollout={"max_new_tokens": 16, "max_turns": 8}))
@@ -354,7 +354,7 @@ def seeker(model, tokenizer, ids, mask, g, max_new_tokens, *args, **kwargs):
 
 @pytest.mark.parametrize("name", ["evidence", "evidence_necessity"])
 def test_the_recipe_trains_end_to_end(name, tmp_path, monkeypatch):
-    monkeypatch.setattr(episodes, "sample_completions", seeker)
+    monkeypatch.setattr(hf_policy, "sample_completions", seeker)
     recipe = load_recipe(RECIPES / f"{name}.yaml", mini_overrides())
     assert recipe.rollout.max_turns == 8 and recipe.model.tiny["max_positions"] == 128
     summary = Trainer(recipe, tmp_path / "run", log=lambda m: None).run()

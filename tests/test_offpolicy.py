@@ -250,6 +250,8 @@ def test_metrics_hand_computed():
     # k3 = (ρ-1) - ln ρ: 0.5 -> -0.5+0.693147 = 0.193147; 3 -> 2-1.098612 = 0.901388; 1 -> 0;
     # 1.5 -> 0.5-0.405465 = 0.094535; 0.25 -> -0.75+1.386294 = 0.636294; Σ 1.825364 / 5
     assert m["offpolicy/kl_behaviour"] == pytest.approx(0.365073, abs=1e-5)
+    # |log ρ| over the masked tokens: ln 4 = 1.386294 (ρ = 0.25) is the largest; the pad's 5 is not
+    assert m["offpolicy/max_abs_logp_diff"] == pytest.approx(math.log(4.0))
     # w = [0.5, 2, 1, 1.5, 0.25]: Σw = 5.25, mean 1.05, max 2
     assert m["offpolicy/is_weight_mean"] == pytest.approx(1.05)
     assert m["offpolicy/is_weight_max"] == pytest.approx(2.0)
@@ -269,7 +271,8 @@ def test_metrics_mis_fractions_and_optional_parts():
     assert m["offpolicy/masked_fraction"] == pytest.approx(0.4)
     assert m["offpolicy/ess"] == pytest.approx(0.6)
     m = offpolicy_metrics(proximal, behaviour, mask, None, torch.zeros(2, 3, dtype=torch.long), 2)
-    assert set(m) == {"offpolicy/staleness_mean", "offpolicy/staleness_max", "offpolicy/kl_behaviour"}
+    assert set(m) == {"offpolicy/staleness_mean", "offpolicy/staleness_max", "offpolicy/kl_behaviour",
+                      "offpolicy/max_abs_logp_diff"}
 
 
 def test_metrics_ess_edge_cases():
@@ -290,5 +293,31 @@ def test_metrics_empty_mask_all_zero():
     empty = torch.zeros(2, 3)
     correction = tis(proximal, behaviour, empty)
     m = offpolicy_metrics(proximal, behaviour, empty, correction, torch.zeros(2, 3, dtype=torch.long), 5)
-    assert len(m) == 8
+    assert len(m) == 9
     assert all(v == 0.0 and type(v) is float for v in m.values()), m
+
+
+def test_a_source_that_measures_gets_the_metrics_without_a_changed_update():
+    """An inference engine's source asks to ``measure``: the proximal pass runs for the metrics
+    (KL and max |Δ log p| logged), but without a correction π_old stays sg(π_θ) on a single pass."""
+    from helpers import mini_policy, mini_recipe
+    from reasonrl.batch import RolloutBatch
+    from reasonrl.train.behaviour import prepare_behaviour
+    from reasonrl.train.objective import batch_logprobs
+
+    policy, recipe = mini_policy(), mini_recipe()
+    out = policy.sample(["1+2=", "3+4="], 2, 6, 1.0, torch.Generator().manual_seed(0))
+    n = len(out.completion_ids)
+    batch = RolloutBatch(prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, completion_ids=out.completion_ids,
+                         completion_mask=out.completion_mask, group_ids=torch.arange(n) // 2, rewards=torch.zeros(n),
+                         truncated=out.truncated, sample_logprobs=out.sample_logprobs - 0.25 * out.completion_mask)
+    assert prepare_behaviour(batch, recipe, policy, 0, source_off_policy=True) == {
+        "offpolicy/staleness_mean": 0.0, "offpolicy/staleness_max": 0.0}  # not asked: no extra pass
+    m = prepare_behaviour(batch, recipe, policy, 0, source_off_policy=True, measure=True)
+    assert batch.old_logprobs is None and batch.is_weights is None
+    proximal = batch_logprobs(policy, batch, recipe.train.micro_batch_size, 1.0, recipe.train.share_prompt)
+    mask = batch.completion_mask.bool()
+    assert m["offpolicy/max_abs_logp_diff"] == pytest.approx(float((proximal - batch.sample_logprobs)[mask].abs().max()))
+    assert m["offpolicy/max_abs_logp_diff"] == pytest.approx(0.25, abs=1e-4)  # the shift given to μ
+    # k3 at log ρ = 0.25 on every token: e^0.25 − 1 − 0.25 = 0.034025
+    assert m["offpolicy/kl_behaviour"] == pytest.approx(0.034025, abs=1e-4)

@@ -22,6 +22,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.train.fsdp import check_shardable
     from reasonrl.train.launch import launch_torchrun, launched_rank, run_rank
     from reasonrl.train.trainer import RECIPE_FILE, NonFiniteError, Trainer
+    from reasonrl.rollout.vllm_engine import EngineError
 
     ranked = launched_rank()  # (rank, size) when torchrun (or Slurm, or Ray) started this process
     if args.resume:
@@ -66,6 +67,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             summary = Trainer(recipe, run_dir, resume=bool(args.resume)).run()
     except NonFiniteError as exc:  # a diagnosis, not a crash: no traceback
         print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
+    except EngineError as exc:  # the message names the call and shows the engine's log
+        print(f"reasonrl: error: {exc}\nThe last checkpoint is kept: resume with `reasonrl train --resume {run_dir}`",
+              file=sys.stderr)
         return 1
     print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "base_accuracy", "final_accuracy", "wall_seconds")}))
     return 0

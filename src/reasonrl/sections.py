@@ -128,7 +128,8 @@ class RolloutConfig:
     ``max_head_offpolicyness``). Enforced: the sampler waits for weights rather than run further
     ahead, and a batch over the bound is never trained on. 0 is synchronous training in another process."""
     sync_every: Annotated[int, Range(ge=1)] = 1
-    """``async``: send the learner's weights to the sampler every N steps (TRL ``weight_sync_steps``)."""
+    """``async`` or ``engine: vllm``: send the learner's weights to the sampler every N steps (TRL
+    ``weight_sync_steps``)."""
     partial: bool = True
     """``async``: a generation still running when new weights arrive continues under them (partial
     rollouts, AReaL's interruptible generation); every token keeps the version that sampled it."""
@@ -163,8 +164,22 @@ class RolloutConfig:
     with inverse-CDF draws (SmolLM2 at batch 8 on 2 CPU cores: 1.56× the sampling tokens/s of
     ``hf`` in fp32, 2.07× with ``dtype: bfloat16``; ``benchmarks/sampler_levers.py``); same
     distribution, another random stream. Not for LoRA. Evaluation samples with it too."""
-    engine: Literal["local", "ray"] = "local"
-    """``async``: ``local`` runs the sampler in one child process; ``ray`` runs ``workers`` Ray actors."""
+    engine: Literal["local", "ray", "vllm"] = "local"
+    """What samples and where. ``local``: reasonrl's own sampler, in this process (``sync``) or one
+    child process (``async``); ``ray``: ``async`` with ``workers`` Ray actors; ``vllm``: a vLLM
+    engine in a process of its own, fed token ids, returning token ids and behaviour log-probs,
+    synced every ``sync_every`` steps (``sync`` or ``async``; docs/vllm.md)."""
+    actor_engine: Literal["local", "vllm"] = "local"
+    """``engine: ray``: what samples inside each Ray actor: reasonrl's own sampler (``local``) or
+    a vLLM engine the actor starts beside itself (``vllm``, as ``engine: vllm`` does locally)."""
+    engine_timeout_s: Annotated[float, Range(gt=0)] = 600.0
+    """With a vLLM engine: the most seconds the engine may take to start, to answer one generation
+    call or to load synced weights; past it the engine is stopped and the run ends with an
+    error naming the call and showing the end of the engine's log."""
+    vllm_args: dict[str, Any] = field(default_factory=dict)
+    """With a vLLM engine: keyword arguments of ``vllm.LLM`` over reasonrl's defaults (``dtype``:
+    ``rollout.dtype`` else ``model.dtype``; ``seed``: ``train.seed``; on a GPU
+    ``gpu_memory_utilization: 0.4``, on a CPU ``enforce_eager: true``)."""
     workers: Annotated[int, Range(ge=1)] = 1
     """``async`` with ``engine: ray``: the number of sampler actors."""
     sampler_threads: Annotated[int, Range(ge=0)] = 0

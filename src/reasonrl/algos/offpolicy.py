@@ -158,8 +158,8 @@ def ratio_mask(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, response_m
 
     Unlike :func:`mis` the kept tokens are not multiplied by ρ: the mask only removes tokens
     whose behaviour is too far from the learner (the token rejection of verl's rollout
-    correction; IcePop's band without its ratio weight). COPC's mask (``specs/methods-a.md`` §12,
-    default c = 5), whose ``copc`` advantage reads these weights to cut its traces at the same
+    correction; IcePop's band without its ratio weight). COPC's mask (paper: "COPC: Coupled Off-Policy
+    Correction", not located; default c = 5), whose ``copc`` advantage reads these weights to cut its traces at the same
     tokens. ``anchor``: the PPO ratio's π_old, the proximal policy (COPC's decoupled form) or μ.
     ``masked`` marks the dropped tokens.
     """
@@ -207,7 +207,8 @@ def offpolicy_metrics(proximal: Tensor | None, behaviour: Tensor, mask: Tensor, 
     - ``offpolicy/staleness_mean|max``: current_version − token_versions (an int
       ``token_versions`` means every token was sampled at that version).
     - ``offpolicy/kl_behaviour`` (with ``proximal``): k3 estimate of KL(μ ‖ π_prox) from
-      tokens sampled by μ, mean of (ρ − 1) − log ρ, ρ = π_prox/μ (:func:`kl_k3` with its clamps).
+      tokens sampled by μ, mean of (ρ − 1) − log ρ, ρ = π_prox/μ (:func:`kl_k3` with its clamps);
+      ``offpolicy/max_abs_logp_diff``: max |log π_prox − log μ| (the worst token's mismatch).
     - with ``correction``: ``is_weight_mean|max``, ``truncated_fraction``, ``masked_fraction``
       and ``ess`` = (Σw)² / (n Σw²) ∈ (0, 1], the normalised effective sample size
       (0 when every weight is 0).
@@ -226,6 +227,7 @@ def offpolicy_metrics(proximal: Tensor | None, behaviour: Tensor, mask: Tensor, 
     if proximal is not None:
         _, lr = _log_ratio(proximal, behaviour, mask)
         out["offpolicy/kl_behaviour"] = float(masked_mean(kl_k3(torch.zeros_like(lr), lr), valid))
+        out["offpolicy/max_abs_logp_diff"] = mx(lr.abs())
     if correction is not None:
         w = torch.where(valid, correction.weights.detach().to(torch.float32), 0.0)
         sum_w, sum_w2 = w.sum(), w.square().sum()

@@ -136,6 +136,23 @@ class HFPolicy:
             self.model.train(was_training)
         return to_cpu(samples)  # batches live on the CPU between stages (reasonrl.devices)
 
+    @torch.no_grad()
+    def sample_ids(self, ids: Tensor, mask: Tensor, max_new_tokens: int, temperature: float = 1.0,
+                   generator: torch.Generator | None = None, stop: list[str] | None = None,
+                   refresh: Callable[[], int] | None = None) -> Samples:
+        """One completion for each left-padded row of token ids ``ids``/``mask``: a context that
+        is ids already, never text (an episode's next turn). Ending rules and ``refresh`` as in
+        :meth:`sample`."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.compute():
+                samples = sample_completions(self.model, self.tokenizer, *self.on_device(ids, mask), 1, max_new_tokens,
+                                             temperature, generator, stop, refresh=refresh, decoder=self.decoder)
+        finally:
+            self.model.train(was_training)
+        return to_cpu(samples)
+
     def sampling_bytes(self, rows: int, length: int) -> int:
         """About how much memory sampling ``rows`` sequences of ``length`` tokens takes: the KV
         cache (2 · layers · kv_heads · head_dim per token) and a few float32 copies of the

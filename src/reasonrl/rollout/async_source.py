@@ -4,7 +4,9 @@ A sampler (``SamplerWorker``) owns everything that sampling needs — the task, 
 sampler, the random stream, the reward scorer and its own copy of the model — and runs in a
 child process (``rollout.engine: local``, ``spawn``, its own torch threads) or in Ray actors
 (``engine: ray``, ``rollout.workers: n``; ``reasonrl.rollout.endpoints``). Weights and batches
-cross the boundary as plain tensors, so a vLLM engine can stand in for the sampler later.
+cross the boundary as plain tensors; with a vLLM engine (``engine: vllm``, or ``actor_engine:
+vllm`` in Ray actors) the sampler hands them on to the engine it started
+(``reasonrl.rollout.vllm_engine``).
 
 **Bounded staleness, enforced.** The batch of step b is sampled only once the sampler holds
 weights published after step ``b − ⌊max_staleness / m⌋`` (m optimiser steps per training step),
@@ -65,6 +67,7 @@ from reasonrl.policy.lowrank import lowrank_payload_bytes
 from reasonrl.problem import Problem
 from reasonrl.rollout.collect import CollectStats
 from reasonrl.rollout.partial import check_partial
+from reasonrl.rollout.vllm_engine import check_vllm, uses_vllm
 from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.sampler_worker import POLL_S, SamplerWorker, admission_lag  # noqa: F401  (SamplerWorker: re-exported)
 from reasonrl.rollout.sources import RolloutSource, SourceContext, check_simulated_staleness, optimizer_steps_per_step
@@ -97,6 +100,7 @@ class AsyncSource(RolloutSource):
     def __init__(self, ctx: SourceContext) -> None:
         super().__init__(ctx)
         ro = self.recipe.rollout
+        self.measure_mismatch = uses_vllm(self.recipe)
         self.threads = ro.sampler_threads or default_threads(ro.workers)
         self.restarts_in_a_row = 0
         self.learner_threads = torch.get_num_threads()
@@ -124,6 +128,7 @@ class AsyncSource(RolloutSource):
     def check(cls, recipe, need) -> None:
         ro = recipe.rollout
         need(ro.engine == "ray" or ro.workers == 1, "rollout.workers > 1 needs rollout.engine: ray")
+        check_vllm(recipe, need)
         check_partial(recipe, need, real=True)
         need(ro.workers == 1 or recipe.sampler.name == "stream",
              f"rollout.workers > 1 splits the steps between samplers, each with its own copy of the prompt "

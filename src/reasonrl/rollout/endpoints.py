@@ -2,8 +2,8 @@
 
 An endpoint runs one ``SamplerWorker`` loop and carries two message streams, learner →
 sampler (weights, stop) and sampler → learner (batches, errors). Both engines move plain
-picklable objects (tensors, dataclasses), so a vLLM engine can later stand behind the same
-messages. Nothing here schedules or places work: the local engine is one ``spawn``-ed
+picklable objects (tensors, dataclasses); a sampler whose tokens come from a vLLM engine
+receives the same messages (``reasonrl.rollout.vllm_engine``). Nothing here schedules or places work: the local engine is one ``spawn``-ed
 process; the Ray engine is one actor per worker on whatever cluster ``ray.init`` reached
 (a local one started here when none is running). No home-made cluster manager.
 """

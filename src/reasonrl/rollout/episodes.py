@@ -3,9 +3,9 @@ observations in one completion block, with a loss mask.
 
 Each of the ``num_prompts × G`` rows is one episode with an environment of its own
 (``reasonrl.envs.base``). A turn is sampled for every episode still running, from its prompt
-plus everything so far, by one ``sample_completions`` call over the left-padded contexts (one
-completion each); the environment answers each turn, and its observation is tokenised and
-appended. The completion block of a row is then
+plus everything so far, by one ``sample_ids`` call of the sampler (``HFPolicy``, or the vLLM
+engine) over the left-padded contexts (one completion each); the environment answers each
+turn, and its observation is tokenised and appended. The completion block of a row is then
 
     [turn 1 tokens][observation 1 tokens][turn 2 tokens] … [last turn tokens]
      loss 1          loss 0                loss 1              loss 1
@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, right_pad, sample_completions
+from reasonrl.policy.sampling import Samples, cut_at_stop, left_pad, right_pad
 from reasonrl.registry import ENVIRONMENTS
 
 # batch.aux key of the per-token environment channel (Environment.channels index + 1; 0 elsewhere).
@@ -85,7 +85,7 @@ class EpisodeRollout:
         tok, g = self.tokenizer, num_generations
         eos, pad = tok.eos_token_id, tok.pad_token_id
         n = len(prompts) * g
-        enc_ids, enc_mask = self.policy.encode_prompts(prompts)
+        enc_ids, enc_mask = (t.cpu() for t in self.policy.encode_prompts(prompts))  # batches live on the CPU
         prompt_ids, prompt_mask = enc_ids.repeat_interleave(g, 0), enc_mask.repeat_interleave(g, 0)
         heads = [prompt_ids[i][prompt_mask[i].bool()] for i in range(n)]
         envs = [self.env_cls(**self.env_params) for _ in range(n)]
@@ -104,49 +104,43 @@ class EpisodeRollout:
                 self._observe(parts[i], used, i, first, version, None)
             running.append(i)
         stops = list(dict.fromkeys([*(stop or []), *self.env_cls.stop]))
-        was = self.policy.model.training
-        self.policy.model.eval()
-        try:
-            while running:
-                rows = [i for i in running if used[i] < self.budget]
-                for i in set(running) - set(rows):
+        while running:
+            rows = [i for i in running if used[i] < self.budget]
+            for i in set(running) - set(rows):
+                truncated[i] = True
+            if not rows:
+                break
+            budgets = [min(max_new_tokens, self.budget - used[i]) for i in rows]
+            ids, mask = left_pad([torch.cat([heads[i], *[p[0] for p in parts[i]]]) for i in rows], pad)
+            out = self.policy.sample_ids(ids, mask, max(budgets), temperature, generator, stops or None, refresh=refresh)
+            running = []
+            for c, (i, b) in enumerate(zip(rows, budgets)):
+                length = int(out.completion_mask[c].sum())
+                take = min(length, b)
+                t = out.completion_ids[c, :take]
+                v = out.token_versions[c, :take] if out.token_versions is not None \
+                    else torch.full_like(t, version)
+                parts[i].append((t, out.sample_logprobs[c, :take], torch.ones_like(t), v, torch.zeros_like(t)))
+                used[i] += take
+                turns[i] += 1
+                version = int(v.max()) if take else version
+                text = tok.decode(t, skip_special_tokens=True)
+                ended = (take > 0 and int(t[-1]) == eos) or (stop and cut_at_stop(text, stop) != text)
+                if length > b or bool(out.truncated[c]):  # no EOS, no stop string: out of budget
                     truncated[i] = True
-                if not rows:
-                    break
-                budgets = [min(max_new_tokens, self.budget - used[i]) for i in rows]
-                ids, mask = left_pad([torch.cat([heads[i], *[p[0] for p in parts[i]]]) for i in rows], pad)
-                out = sample_completions(self.policy.model, tok, ids, mask, 1, max(budgets), temperature, generator,
-                                         stops or None, refresh=refresh, decoder=self.policy.decoder)
-                running = []
-                for c, (i, b) in enumerate(zip(rows, budgets)):
-                    length = int(out.completion_mask[c].sum())
-                    take = min(length, b)
-                    t = out.completion_ids[c, :take]
-                    v = out.token_versions[c, :take] if out.token_versions is not None \
-                        else torch.full_like(t, version)
-                    parts[i].append((t, out.sample_logprobs[c, :take], torch.ones_like(t), v, torch.zeros_like(t)))
-                    used[i] += take
-                    turns[i] += 1
-                    version = int(v.max()) if take else version
-                    text = tok.decode(t, skip_special_tokens=True)
-                    ended = (take > 0 and int(t[-1]) == eos) or (stop and cut_at_stop(text, stop) != text)
-                    if length > b or bool(out.truncated[c]):  # no EOS, no stop string: out of budget
-                        truncated[i] = True
-                        continue
-                    step = envs[i].step(text)
-                    env_reward[i] += float(step.reward)
-                    for key, value in step.info.items():
-                        info[i][key] += float(value)
-                    if ended or step.done:
-                        continue
-                    if turns[i] >= self.max_turns:
-                        truncated[i] = True  # the environment still waits for a turn
-                        continue
-                    if step.observation:
-                        self._observe(parts[i], used, i, step.observation, version, step.channel)
-                    running.append(i)
-        finally:
-            self.policy.model.train(was)
+                    continue
+                step = envs[i].step(text)
+                env_reward[i] += float(step.reward)
+                for key, value in step.info.items():
+                    info[i][key] += float(value)
+                if ended or step.done:
+                    continue
+                if turns[i] >= self.max_turns:
+                    truncated[i] = True  # the environment still waits for a turn
+                    continue
+                if step.observation:
+                    self._observe(parts[i], used, i, step.observation, version, step.channel)
+                running.append(i)
         return self._assemble(prompt_ids, prompt_mask, parts, truncated, env_reward, info, turns, stop)
 
     def _observe(self, row_parts, used, i, text: str, version: int, channel: str | None) -> None:

@@ -17,6 +17,7 @@ import torch
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.lowrank import apply_newer_updates
 from reasonrl.rollout.sources import optimizer_steps_per_step
+from reasonrl.rollout.vllm_engine import VLLMSampler, uses_vllm
 
 __all__ = ["SamplerWorker", "admission_lag", "POLL_S"]
 
@@ -87,7 +88,10 @@ class SamplerWorker:
         self.step = start["step"]
         self.scorer = build_scorer(recipe).start()
         policy = build_policy(recipe.model, log=lambda m: None, decoder=recipe.rollout.decoder)
-        self.policy = policy.sampling_copy(recipe.rollout.dtype)
+        if uses_vllm(recipe):  # the engine samples; the local copy tokenises and describes the adapters
+            self.policy = VLLMSampler(policy, recipe, log=lambda m: print(f"async sampler: {m}", flush=True))
+        else:
+            self.policy = policy.sampling_copy(recipe.rollout.dtype)
         if start.get("lowrank"):  # LoGRA sync: frozen like the learner's, so the same kernels give the same bits
             for p in self.policy.model.parameters():
                 p.requires_grad_(False)
@@ -194,3 +198,5 @@ class SamplerWorker:
             pass
         finally:
             self.scorer.close()
+            if isinstance(self.policy, VLLMSampler):
+                self.policy.close()

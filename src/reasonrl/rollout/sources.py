@@ -35,6 +35,7 @@ from reasonrl.registry import ROLLOUT_SOURCES
 from reasonrl.rollout.collect import CollectStats, collect
 from reasonrl.rollout.episodes import rollout_sampler
 from reasonrl.rollout.partial import PartialRollout, check_partial
+from reasonrl.rollout.vllm_engine import VLLMSampler, check_vllm, uses_vllm
 
 __all__ = ["SourceContext", "RolloutSource", "SyncSource", "optimizer_steps_per_step", "check_simulated_staleness"]
 
@@ -65,6 +66,9 @@ class RolloutSource:
     """Base class; see the module docstring for the protocol."""
 
     off_policy = False  # may the sampler's weights differ from the learner's?
+    # Log the behaviour–learner mismatch every step (an extra forward of the learner) even when
+    # no correction asks for the proximal log-probs: an inference engine's numbers are its own.
+    measure_mismatch = False
     # Does this source score rewards with the learner's scorer (``SourceContext.scorer``)? A
     # source whose samplers score in their own processes says no, and the learner forks no
     # reward workers of its own.
@@ -116,6 +120,11 @@ class SyncSource(RolloutSource):
       sampled. Deterministic, unlike real asynchrony: the test bed of the off-policy
       corrections, and the same rule as the async source's simulated mode.
     - ``rollout.dtype``: a sampler in another precision (a bf16 copy beside an fp32 learner).
+    - ``rollout.engine: vllm``: a vLLM engine samples (``reasonrl.rollout.vllm_engine``), with the
+      weights synced after every ``rollout.sync_every``-th step (and at the start, so a resumed
+      run samples with the checkpoint's weights); each batch's ``policy_version`` is the version
+      the engine holds. The engine is another implementation of the model, so the source is
+      off-policy and the behaviour–learner mismatch is measured every step (``measure_mismatch``).
 
     With ``rollout.simulated_partial: j`` (and staleness) the stale weights sample only each
     completion's first j tokens; the rows still running continue under the learner's weights,
@@ -127,8 +136,13 @@ class SyncSource(RolloutSource):
         r = ctx.recipe
         self.k_steps = r.rollout.simulated_staleness // optimizer_steps_per_step(r)
         own_dtype = r.rollout.dtype is not None and r.rollout.dtype != r.model.dtype
-        self.off_policy = self.k_steps > 0 or own_dtype
-        self.behaviour = ctx.policy.sampling_copy(r.rollout.dtype) if self.off_policy else ctx.policy
+        self.engine = uses_vllm(r)
+        self.off_policy = self.measure_mismatch = self.engine
+        self.off_policy = self.off_policy or self.k_steps > 0 or own_dtype
+        if self.engine:
+            self.behaviour = VLLMSampler(ctx.policy, r, ctx.log)
+        else:
+            self.behaviour = ctx.policy.sampling_copy(r.rollout.dtype) if self.off_policy else ctx.policy
         # simulated: published step -> (version, weights); step 0 holds the initial weights
         self.snapshots: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
         self.loaded: int | None = 0  # the published step whose weights are in ``self.behaviour``
@@ -140,7 +154,8 @@ class SyncSource(RolloutSource):
     @classmethod
     def check(cls, recipe, need) -> None:
         ro = recipe.rollout
-        need(ro.engine == "local", "rollout.engine: ray needs rollout.source: async")
+        need(ro.engine != "ray", "rollout.engine: ray needs rollout.source: async")
+        check_vllm(recipe, need)
         need(ro.workers == 1, "rollout.workers > 1 needs rollout.source: async with rollout.engine: ray")
         need(ro.max_staleness == 0, "rollout.max_staleness bounds an asynchronous sampler: it needs "
                                     "rollout.source: async (for a deterministic lag use rollout.simulated_staleness)")
@@ -151,8 +166,13 @@ class SyncSource(RolloutSource):
         usable = [p for p in self.snapshots if p <= max(0, step - self.k_steps)]
         return max(usable) if usable else min(self.snapshots)
 
+    def start(self, version: int, step: int) -> "SyncSource":
+        if self.engine:  # the learner's weights now (a resumed run's), not the model folder's
+            self.behaviour.set_weights(self.ctx.policy.weights(), version)
+        return self
+
     def next_batch(self, step, version, watch):
-        sampled_version = version
+        sampled_version = version if not self.engine else self.behaviour.version
         if self.k_steps:
             chosen = self._sampling_step(step)
             sampled_version, weights = self.snapshots[chosen]
@@ -166,10 +186,17 @@ class SyncSource(RolloutSource):
 
     def metrics(self) -> dict[str, float]:
         sampler = self.partial or self.episodes
-        return sampler.metrics() if sampler else {}
+        out = sampler.metrics() if sampler else {}
+        if self.engine:
+            out.update(self.behaviour.metrics())
+        return out
 
     def publish(self, policy, version, step) -> None:
         if not self.off_policy:
+            return
+        if self.engine:
+            if step < self.recipe.train.steps and step % self.recipe.rollout.sync_every == 0:
+                self.behaviour.set_weights(policy.weights(), version)
             return
         if not self.k_steps:  # another precision, current weights
             self.behaviour.set_weights(policy.weights())
@@ -191,8 +218,12 @@ class SyncSource(RolloutSource):
         if self.k_steps:
             self.snapshots = dict(state["snapshots"])
             self.loaded = None
-        elif self.off_policy:  # the sampler follows the restored learner
+        elif self.off_policy and not self.engine:  # the sampler follows the restored learner (the engine: at start)
             self.behaviour.set_weights(self.ctx.policy.weights())
+
+    def close(self) -> None:
+        if self.engine:
+            self.behaviour.close()
 
 
 def check_simulated_staleness(recipe, need) -> None:

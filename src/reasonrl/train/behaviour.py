@@ -24,16 +24,20 @@ from reasonrl.registry import OFF_POLICY
 from reasonrl.train.objective import batch_logprobs
 
 
-def prepare_behaviour(batch: RolloutBatch, recipe, policy, version: int, source_off_policy: bool) -> dict[str, float]:
+def prepare_behaviour(batch: RolloutBatch, recipe, policy, version: int, source_off_policy: bool,
+                      measure: bool = False) -> dict[str, float]:
     """Set ``batch.old_logprobs`` (π_old) and ``batch.is_weights`` as the recipe asks; return the
     off-policy metrics: staleness whenever the source may sample with other weights, and the
-    behaviour–learner KL and weight statistics whenever a correction runs (``off_policy: {name:
-    none}`` measures without correcting). Nothing is logged or recomputed on-policy."""
+    behaviour–learner KL, max |Δ log p| and weight statistics whenever a correction runs
+    (``off_policy: {name: none}`` measures without correcting) or the source asks to
+    ``measure`` (an inference engine: the proximal pass then runs for the metrics alone, and
+    π_old stays sg(π_θ) on a single pass). Nothing is logged or recomputed on-policy."""
     r = recipe
     several_steps = r.train.num_iterations > 1 or 0 < r.train.mini_batch_size < len(batch)
     proximal = None
-    if several_steps or r.off_policy is not None:
+    if several_steps or r.off_policy is not None or (source_off_policy and measure):
         proximal = batch_logprobs(policy, batch, r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt)
+    if several_steps or r.off_policy is not None:
         batch.old_logprobs = proximal
     if not (source_off_policy or r.off_policy is not None):
         return {}

@@ -315,7 +315,7 @@ class Trainer:
     def _behaviour(self, s: "_Step") -> None:
         with s.watch("logprob"):
             s.metrics.update(prepare_behaviour(s.batch, self.recipe, self.policy, self.state.policy_version,
-                                               self.source.off_policy))
+                                               self.source.off_policy, self.source.measure_mismatch))
 
     def _advantage(self, s: "_Step") -> None:
         with s.watch("logprob"):
