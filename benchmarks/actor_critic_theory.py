@@ -1,7 +1,7 @@
 """On-policy actor-critic against offline reward modelling on a hierarchical reward (a simulation).
 
-Formalised from the theory paper's abstract via ``/work/shared/specs/methods-c.md`` §2 (no paper
-code): the claim is that alternating (i) sampling from the current KL-regularised policy,
+Formalised from the theory paper's abstract (on-policy actor-critic with a transformer critic on
+hierarchical rewards; paper not located, no code): the claim is that alternating (i) sampling from the current KL-regularised policy,
 (ii) fitting a transformer critic to the observed rewards, (iii) setting the policy against the
 critic, drives the regret down polynomially in the query budget n, while sampling only from the
 reference policy (offline reward modelling) can be limited to a logarithmic rate.

@@ -1,4 +1,4 @@
-"""CARing evaluation and stage 1 (specs/methods-a.md §8; docs/methods/caring.md).
+"""CARing evaluation and stage 1 (CARing, coverage reward with semantic IDs; docs/methods/caring.md).
 
 ``eval``: a model on a ``next_visit`` recipe's held-out problems. Ranked top-K lists from the
 trie-constrained beam (``reasonrl.methods.caring.decoding``; with ``--chains M``: M sampled

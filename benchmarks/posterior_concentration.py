@@ -1,6 +1,6 @@
 """The posterior concentration phenomenon on the embedded model (RLCPR, docs/methods/rlcpr.md).
 
-RLCPR's premise (INFERRED, specs/methods-b.md §7): along a trace z the model's probability of
+RLCPR's premise (INFERRED; paper: RLCPR, verifier-free RL with probability-based rewards, not located): along a trace z the model's probability of
 the reference answer, p_t = π(y* | x, z_{≤t}), concentrates (saturates near 0 or 1) well
 before the trace ends, so the probability rewards of a group's traces agree more and more
 the further in they are read, and the group-relative signal fades.

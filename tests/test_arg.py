@@ -1,6 +1,7 @@
-"""ARG (adaptive reference guidance): the selector, prefix length and prefix weight by hand; guided
-rows only for all-failure groups, prefix tokens attended but out of the loss (option i) or
-weighted (option ii); the exact KL term by enumeration; the method in the Trainer (split
+"""ARG (adaptive reference guidance): the paper's criterion (reference surprisal, one-sample
+estimate, EXP3) and the ablation's selector, prefix length and prefix weight by hand; guided rows
+only for all-failure groups, the fallback to the reference, prefix tokens attended but out of the
+loss (context) or weighted; the exact KL term by enumeration; the method in the Trainer (split
 invariance, exact resume, bit-identical to GRPO when no group all-fails)."""
 
 import math
@@ -8,9 +9,11 @@ import math
 import pytest
 import torch
 
-from reasonrl.methods.arg.maths import (all_failure_groups, check_bins, expected_ratio, prefix_length, prefix_weights,
-                                reinforce_update, sample_bin, selector_entropy, selector_probs, selector_reward,
-                                update_baseline)
+from reasonrl.methods.arg.maths import (all_failure_groups, check_bins, exp3_probs, exp3_update, expected_ratio,
+                                        prefix_length, prefix_weights, reinforce_update, same_text, sample_bin,
+                                        selector_entropy, selector_probs, selector_reward, suffix_surprisal,
+                                        surprisal_reward, update_baseline)
+from reasonrl.methods.arg.selectors import Exp3Selector, Observation, SuccessTargetSelector
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
 from reasonrl.methods.arg.method import AdaptiveReferenceGuidance
@@ -44,10 +47,48 @@ def test_selector_update_by_hand_two_and_three_bins():
     new = reinforce_update(psi, [1], u.view(1), baseline=-0.1, lr=2.0)
     assert new.tolist() == pytest.approx([-0.03, math.log(2) + 0.06, -0.03], abs=1e-12)
     assert update_baseline(-0.1, -0.04, 0.9) == pytest.approx(0.9 * -0.1 + 0.1 * -0.04)
-    assert expected_ratio(psi, [0.0, 0.4, 0.8]) == pytest.approx(0.25 * 0 + 0.5 * 0.4 + 0.25 * 0.8)
-    assert selector_entropy(torch.zeros(4)) == pytest.approx(math.log(4))
+    assert expected_ratio(selector_probs(psi), [0.0, 0.4, 0.8]) == pytest.approx(0.25 * 0 + 0.5 * 0.4 + 0.25 * 0.8)
+    assert selector_entropy(torch.full((4,), 0.25)) == pytest.approx(math.log(4))
     # No guided group: no step.
     assert torch.equal(reinforce_update(psi, [], torch.zeros(0), 0.0, 1.0), psi)
+
+
+def test_reference_surprisal_and_the_one_sample_estimate_by_hand():
+    # Reference of 4 tokens (the last one EOS) with probabilities 1/2, 1/4, 1/2, 1.
+    logp = torch.tensor([0.5, 0.25, 0.5, 1.0]).log()
+    # S(ℓ) = −Σ_{t ≥ ℓ} log p_t: S(0) = ln 2 + ln 4 + ln 2 = ln 16, S(2) = ln 2, S(3) = 0.
+    assert suffix_surprisal(logp, 0) == pytest.approx(math.log(16))
+    assert suffix_surprisal(logp, 1) == pytest.approx(math.log(8))
+    assert suffix_surprisal(logp, 2) == pytest.approx(math.log(2))
+    assert suffix_surprisal(logp, 3) == pytest.approx(0.0, abs=1e-7)
+    # u_j = 1[passes ∧ differs] · S(ℓ): of 4 continuations one passes and differs, one passes but
+    # repeats the reference, two fail: ū = S(1)/4 = ln 8 / 4, x = ū / S(0) = (3 ln 2 / 4) / (4 ln 2) = 3/16.
+    u, x = surprisal_reward([True, True, False, False], [True, False, True, False], math.log(8), math.log(16))
+    assert u == pytest.approx(math.log(8) / 4) and x == pytest.approx(3 / 16)
+    assert surprisal_reward([True], [True], 0.0, 0.0) == (0.0, 0.0)  # a certain reference: nothing to learn
+    assert same_text("3+4=7; 7*5=35", "3+4=7;  7*5=35\n") and not same_text("3+4=7;7*5=35", "3+4=7; 7*5=35")
+
+
+def test_exp3_by_hand():
+    # B = 2, γ = 0.2, w uniform: p = 0.8 · ½ + 0.2 / 2 = ½ each.
+    p = exp3_probs(torch.zeros(2, dtype=torch.float64), 0.2)
+    assert p.tolist() == pytest.approx([0.5, 0.5])
+    # Observations (bin 0, x = 0.5) and (bin 0, x = 0.25): log w_0 += 0.2 · 0.5 / (0.5 · 2) + 0.2 · 0.25 / (0.5 · 2)
+    # = 0.15; shifted so the max is 0: (0, −0.15).
+    lw = exp3_update(torch.zeros(2, dtype=torch.float64), [0, 0], [0.5, 0.25], p, 0.2)
+    assert lw.tolist() == pytest.approx([0.0, -0.15])
+    q = exp3_probs(lw, 0.2)
+    w0 = 1 / (1 + math.exp(-0.15))
+    assert q.tolist() == pytest.approx([0.8 * w0 + 0.1, 0.8 * (1 - w0) + 0.1])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        exp3_update(lw, [1], [1.5], q, 0.2)
+    # The selector object: one step's draws from one p, then all its observations.
+    sel = Exp3Selector(2, gamma=0.2)
+    assert sel.update([Observation(0, 0.5, 1.0), Observation(0, 0.25, 0.5)]) == pytest.approx(0.375)
+    assert sel.probs().tolist() == pytest.approx(q.tolist())
+    ablation = SuccessTargetSelector(2, target=0.5, lr=1.0)
+    ablation.update([Observation(0, 0.0, 0.5), Observation(1, 1.0, 0.0)])  # only p̂ matters to it
+    assert ablation.logits.tolist() == pytest.approx([0.0625, -0.0625], abs=1e-15)  # the hand step above
 
 
 def test_sample_bin_follows_q_and_the_generator():
@@ -137,7 +178,7 @@ def test_only_all_failure_groups_with_a_verified_solution_are_guided():
     rewards = [0.0] * 4 + [0, 1, 0, 0] + [0.0] * 4 + [0.0] * 4
     batch = hand_batch(policy, PROBLEMS, rewards)
     calls = []
-    m = arg_method(policy, recipe, calls, bins=[0.5], beta=0.0)
+    m = arg_method(policy, recipe, calls, bins=[0.5], beta=0.0, fallback=False, mix_failed=False)
     out, metrics = m.extend_batch(batch, 0)
     assert metrics["arg/guided_groups"] == 1 and metrics["arg/unverified_groups"] == 2
     assert metrics["arg/all_fail_fraction"] == 0.75
@@ -177,7 +218,7 @@ def test_only_all_failure_groups_with_a_verified_solution_are_guided():
 def test_weighted_prefix_gets_the_clipped_ratio_and_the_loss_mask():
     policy, recipe = mini_policy(), mini_recipe(rollout={"max_new_tokens": 24})
     batch = hand_batch(policy, PROBLEMS[:2], [0.0] * 4 + [0, 1, 0, 0])
-    m = arg_method(policy, recipe, bins=[0.5], prefix_mode="weighted", clip=1.0, beta=0.0, mix_failed=True)
+    m = arg_method(policy, recipe, bins=[0.5], prefix_mode="weighted", clip=1.0, beta=0.0, fallback=False)
     m.ref = mini_policy(seed=1)  # a reference different from the policy, so w_t varies
     out, metrics = m.extend_batch(batch, 0)
     # mix_failed: group 10 keeps its 4 failed rows, followed by its 4 guided rows.
@@ -196,6 +237,70 @@ def test_weighted_prefix_gets_the_clipped_ratio_and_the_loss_mask():
     kept = out.completion_mask.bool() & (torch.arange(12) // 4 != 1).unsqueeze(-1)
     assert out.is_weights[kept].eq(1).all()  # every token of the unguided rows counts fully
     assert metrics["arg/prefix_weight"] == pytest.approx(float(want.mean()), abs=1e-5)
+
+
+def even_scorer(texts, problems, num_tokens, truncated, group_size=1):
+    """2 for the reference solution itself, 1 for a text of even length (a coin flip the
+    continuations of the mini model land on either side of), else 0."""
+    total = [2.0 if t == p.solution else float(len(t) % 2 == 0) for t, p in zip(texts, problems)]
+    return Scores(total=total, per_function={"exact_answer": total}, failures={"exact_answer": 0})
+
+
+def test_fallback_rows_are_the_reference_and_the_selector_learns_the_criterion():
+    policy, recipe = mini_policy(), mini_recipe(rollout={"max_new_tokens": 24})
+    batch = hand_batch(policy, PROBLEMS[:2], [0.0] * 8 + [0, 1] + [0] * 6, g=8)
+    m = AdaptiveReferenceGuidance(bins=[0.3, 0.6], gamma=0.5, beta=0.0, num_guided=8)  # fallback and mix_failed by default
+    m.setup(MethodContext(recipe=recipe, policy=policy, run_dir=None, log=lambda s: None, scorer=even_scorer,
+                          task=None, generator=torch.Generator().manual_seed(3)))
+    m.ref = mini_policy(seed=1)  # a reference different from the policy, so w_t varies
+    out, metrics = m.extend_batch(batch, 0)
+    # Group 10 keeps its 8 failed rollouts, followed by its 8 guided rows; group 11 is untouched.
+    assert out.group_ids.tolist() == [10] * 16 + [11] * 8
+    assert out.rewards[:8].eq(0).all() and torch.equal(out.completion_ids[:8, :2], batch.completion_ids[:8])
+    tok = policy.tokenizer
+    ref_ids = tok(SOLUTION, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    rb = out.select([8])
+    rb.completion_ids = torch.tensor([ref_ids])
+    rb.completion_mask = torch.ones(1, len(ref_ids), dtype=torch.long)
+    with torch.no_grad():
+        args = (rb.prompt_ids, rb.prompt_mask, rb.completion_ids, rb.completion_mask)
+        pol, ref = policy.completion_logprobs(*args)[0][0], m.ref.completion_logprobs(*args)[0][0]
+    rho = metrics["arg/rho_mean"]
+    ell = int(rho * 19 + 1e-9)  # ⌊ρ L⌋ of the 19 solution tokens
+    guided = out.select(list(range(8, 16)))
+    falls = [bool(guided.rewards[j] == 2.0) for j in range(8)]
+    assert 0 < sum(falls) < 8, "the coin flip should give both outcomes"
+    hits = 0
+    for j in range(8):
+        n = int(guided.completion_mask[j].sum())
+        if falls[j]:  # the reference in place of a failed continuation: every token trained, weighted
+            assert guided.completion_ids[j, :n].tolist() == ref_ids and guided.meta["completion"][j] == SOLUTION
+            assert guided.loss_mask[j, :n].eq(1).all()
+            assert torch.allclose(guided.sample_logprobs[j, :n], pol, atol=1e-5)
+            assert torch.allclose(guided.is_weights[j, :n], (pol - ref).exp().clamp(max=1.0), atol=1e-5)
+        else:  # a passing continuation: prefix attended, out of the loss, weight 1
+            assert guided.rewards[j] == 1.0 and len(guided.meta["completion"][j]) % 2 == 0
+            assert guided.completion_ids[j, :ell].tolist() == ref_ids[:ell]
+            assert guided.loss_mask[j, :n].tolist() == [0] * ell + [1] * (n - ell)
+            assert torch.allclose(guided.sample_logprobs[j, :ell], pol[:ell], atol=1e-5)
+            assert guided.is_weights[j, :n].eq(1).all()
+            hits += guided.meta["completion"][j] != SOLUTION
+    assert (pol - ref).exp().lt(1).any() and out.is_weights[:8][out.completion_mask[:8].bool()].eq(1).all()
+    assert metrics["arg/fallback_share"] == sum(falls) / 8
+    # The criterion: ū = (#pass ∧ differ / G) · S(ℓ), x = ū / S(0); EXP3 (γ = ½, p = ½ each) adds
+    # γ x / (p B) = x / 2 to the chosen bin's log-weight.
+    s_ell, s_full = float(-pol[ell:].double().sum()), float(-pol.double().sum())
+    assert metrics["arg/surprisal"] == pytest.approx(s_ell, rel=1e-5)
+    assert metrics["arg/criterion_u"] == pytest.approx(hits / 8 * s_ell, rel=1e-5)
+    x = hits / 8 * s_ell / s_full
+    b = [0.3, 0.6].index(rho)
+    want = torch.zeros(2, dtype=torch.float64)
+    want[b] = x / 2
+    assert m.selector.log_weights.tolist() == pytest.approx((want - want.max()).tolist(), abs=1e-6)
+    assert x > 0
+    # A checkpoint of the other selector is refused with the fix.
+    with pytest.raises(ValueError, match="selector: success_target"):
+        m.load_state_dict({"logits": torch.zeros(2), "baseline": None})
 
 
 def test_nothing_to_guide_leaves_the_batch_unchanged():
@@ -254,7 +359,12 @@ def test_recipe_rules():
     with pytest.raises(ConfigError, match="dynamic_sampling"):
         mini_recipe(methods=methods(), rollout={"dynamic_sampling": True})
     with pytest.raises(ConfigError, match="off_policy"):
-        mini_recipe(methods=methods(prefix_mode="weighted"), off_policy={"name": "tis"})
+        mini_recipe(methods=methods(prefix_mode="weighted", fallback=False), off_policy={"name": "tis"})
+    with pytest.raises(ConfigError, match="fallback: true.*off_policy"):
+        mini_recipe(methods=methods(), off_policy={"name": "tis"})
+    with pytest.raises(ConfigError, match="selector"):
+        mini_recipe(methods=methods(selector="thompson"))
+    mini_recipe(methods=methods(fallback=False), off_policy={"name": "tis"})  # nothing in is_weights: allowed
     with pytest.raises(ConfigError, match="bins"):
         mini_recipe(methods=methods(bins=[0.2, 1.0]))
     with pytest.raises(ConfigError, match="prefix_mode"):

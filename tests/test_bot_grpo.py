@@ -316,10 +316,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_recipe_is_grpo_plus_bot_and_the_process_reward():
     bot = load_recipe(ROOT / "recipes" / "bot_grpo.yaml").to_dict()
-    grpo = load_recipe(ROOT / "recipes" / "grpo.yaml", ["eval.every=25"]).to_dict()
+    grpo = load_recipe(ROOT / "recipes" / "grpo.yaml", ["eval.every=5"]).to_dict()
     assert bot["advantage"] == {"name": "bot_grpo", "std": "population", "eps": 1e-6, "outcome_weight": 1.0}
     assert bot["token_reward"]["name"] == "arithmetic_steps"
-    assert bot["eval"]["every"] == 25 and bot["eval"]["size"] == 200
+    assert bot["eval"]["every"] == 5 and bot["eval"]["size"] == 200
     same = {k for k in grpo if k not in ("advantage", "token_reward")}
     assert {k: bot[k] for k in same} == {k: grpo[k] for k in same}  # same model, budget, loss, eval
 

@@ -1,4 +1,4 @@
-"""The clinical soft verifier (specs/methods-b.md §9): concept F1 through a controlled vocabulary,
+"""The clinical soft verifier (arXiv 2610.06360): concept F1 through a controlled vocabulary,
 the entropy-normalised judge, the consistency penalty, Eq. 1, EM/Token-F1, and the clinical_qa task."""
 
 from __future__ import annotations

@@ -25,11 +25,12 @@ def fed_recipe(path, sets, **fed):
 
 
 def one_round(recipe, client_dir, monkeypatch, global_weights=None):
-    """Client 0's round from ``global_weights`` (default: its own starting adapters), aggregated
-    alone by the strategy; returns (client, global, update, the server's new weights, metrics)."""
+    """Client 0's round from ``global_weights`` (default: its own starting adapters), both halves
+    (its report, then its budget's sparse update), aggregated alone by the strategy; returns
+    (client, global, update, the server's new weights, metrics)."""
     from flwr.app import ArrayRecord
 
-    from reasonrl.methods.fed_grpo.apps import reply_content
+    from reasonrl.methods.fed_grpo.apps import reply_content, update_content
     from reasonrl.methods.fed_grpo.client import FedClient, fed_settings
     from reasonrl.methods.fed_grpo.strategy import FedGRPOStrategy
 
@@ -38,8 +39,11 @@ def one_round(recipe, client_dir, monkeypatch, global_weights=None):
     result = client.train_round(glob, None)
     strategy = FedGRPOStrategy(Layout.of(glob), fed_settings(recipe))
     strategy.current = ArrayRecord(glob)
-    arrays, metrics = strategy.aggregate_train(1, flower_replies(monkeypatch, [reply_content(result, 0)]))
-    return client, glob, result.update, arrays.to_torch_state_dict(), metrics
+    trained = flower_replies(monkeypatch, [reply_content(result, 0)])
+    [budget] = strategy.budgets([m.content["metrics"] for m in trained])
+    update = client.send(budget)
+    arrays, metrics = strategy.aggregate(1, trained, flower_replies(monkeypatch, [update_content(update, 0)]))
+    return client, glob, update, arrays.to_torch_state_dict(), metrics
 
 
 def check_adapter_round(policy_model, client, glob, update, new, metrics, kappa):
@@ -48,8 +52,9 @@ def check_adapter_round(policy_model, client, glob, update, new, metrics, kappa)
     assert adapters and all("lora_" in n for n in adapters)
     assert layout.names and all("lora_" in n for n in layout.names)  # only adapters travel
     assert layout.dim == sum(p.numel() for p in adapters.values())
-    k = layout.dim // kappa
-    assert update.values.numel() == k and int(update.indices.max()) < layout.dim and update.nbytes == 8 * k
+    k = layout.dim // kappa  # one client: its floor(d/kappa) slots (its update has more non-zeros)
+    assert metrics["budget/c0"] == k and metrics["nonzeros/c0"] > k
+    assert update.values.numel() == k and bool((update.values != 0).all()) and int(update.indices.max()) < layout.dim and update.nbytes == 8 * k
     assert metrics["bytes_up/c0"] == 8 * k and metrics["weight/c0"] == 1.0
     sent = decode(update.indices, update.values, layout)
     assert any(sent[n].abs().sum() > 0 for n in layout.names)  # the round moved the adapters

@@ -1,4 +1,4 @@
-"""FSG-RL end to end on the embedded model (specs/methods-b.md §10; docs/methods/fsg_rl.md): the
+"""FSG-RL end to end on the embedded model (github.com/ZihanLiummyycc/FSG-RL; docs/methods/fsg_rl.md): the
 function_graph task, span parsing, the verifier's scores and R / R_n by hand (default λ), the
 span map, containment of hostile code, the recipes."""
 

@@ -1,5 +1,5 @@
 """FSG-RL's reward composition and span-level advantages: hand-computed numbers and the
-reference's group normalisation (specs/methods-b.md §10)."""
+reference's group normalisation (github.com/ZihanLiummyycc/FSG-RL)."""
 
 import math
 

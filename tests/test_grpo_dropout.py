@@ -1,5 +1,6 @@
 """GRPODropout: entropy push, the per-group selection rules, recentring, adapters, one run."""
 
+import json
 import math
 import random
 
@@ -214,6 +215,102 @@ def test_advantage_is_broadcast_inside_the_mask_only():
     assert out.flatten().tolist() == pytest.approx([0.707106, 0.707106, 0.0, -0.707106, 0.0, 0.0], abs=1e-5)
 
 
+# ---------------------------------------------------------------- the n_update gate
+# A second group of 3 rows: R = (1, 0, 0), mean 1/3, unbiased std sqrt(1/3), so
+# A = (2/3, −1/3, −1/3)/sqrt(1/3) = (1.154700, −0.577350, −0.577350). Surprisals 0.1 0.5 0.9,
+# Ĥ = 0.5, s − Ĥ = (−0.4, 0, 0.4), P = (−0.461880, 0, −0.230940): no positive push, one zero.
+# m = max(1, ⌊3/4⌋) = 1, so `balance` keeps the zero push (row 1) alone and drops rows 0 and 2.
+SMALL_REWARDS, SMALL_SURPRISAL = [1.0, 0.0, 0.0], [0.1, 0.5, 0.9]
+
+
+def two_groups(**kw):
+    rewards = torch.tensor(REWARDS + SMALL_REWARDS)
+    seq_lp = -torch.tensor(SURPRISAL + SMALL_SURPRISAL, dtype=torch.float64)
+    gid = torch.tensor([0] * 8 + [1] * 3)
+    return gd.grpo_dropout_select(rewards, seq_lp, gid, **kw)
+
+
+def test_n_update_gate_keeps_groups_no_larger_than_n_update_whole():
+    kept, push, _ = two_groups()
+    third = 1 / (math.sqrt(1 / 3) + 1e-6)  # GRPO std epsilon 1e-6
+    assert push[8:].tolist() == pytest.approx([-0.4 * 2 / 3 * third, 0.0, -0.4 * 1 / 3 * third], rel=1e-6)
+    assert kept.tolist() == [1, 2, 3, 4, 5, 6, 7] + [9]  # None: every group judged
+    # n_update = 3 (or 7, the authors' balance.env): the 3-row group has no more rows than
+    # n_update, so the authors' select_indices returns it whole; the 8-row group is judged as before.
+    for n_update in (3, 7):
+        assert two_groups(n_update=n_update)[0].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert two_groups(n_update=2)[0].tolist() == kept.tolist()  # 3 > 2: judged again
+    assert two_groups(n_update=8)[0].tolist() == list(range(11))  # n_update ≥ every group: nothing dropped
+    assert gd.judged_groups(torch.tensor([8, 3]), 7).tolist() == [True, False]
+    assert gd.judged_groups(torch.tensor([8, 3]), None).tolist() == [True, True]
+
+
+def test_selector_metrics_count_the_gated_and_the_mixed_groups():
+    n, t = 11, 2
+    ell = [-s for s in SURPRISAL + SMALL_SURPRISAL]
+    batch = RolloutBatch(
+        prompt_ids=torch.ones(n, 2, dtype=torch.long), prompt_mask=torch.ones(n, 2, dtype=torch.long),
+        completion_ids=torch.ones(n, t, dtype=torch.long), completion_mask=torch.ones(n, t, dtype=torch.long),
+        group_ids=torch.tensor([0] * 8 + [1] * 3), rewards=torch.tensor(REWARDS + SMALL_REWARDS),
+        truncated=torch.zeros(n, dtype=torch.bool), sample_logprobs=torch.tensor(ell).unsqueeze(-1).repeat(1, t),
+        meta={"completion": [str(i) for i in range(n)]},
+    )
+    select = SELECTORS.get("grpo_dropout")
+    out, m = select(batch, step=0, total_steps=1)
+    assert len(out) == 8 and m["dropped_fraction"] == pytest.approx(3 / 11)  # row 0, rows 8 and 10
+    assert m["mixed_dropped_fraction"] == pytest.approx(3 / 11)  # both groups have a non-zero push
+    assert m["mixed_dropped_per_group"] == 1.5 and m["mixed_group_fraction"] == 1.0
+    assert m["kept_whole_fraction"] == 0.0
+    out, m = select(batch, step=0, total_steps=1, n_update=7)
+    assert out.meta["completion"] == [str(i) for i in range(1, 11)]
+    assert m["dropped_fraction"] == pytest.approx(1 / 11) and m["mixed_dropped_per_group"] == 0.5
+    assert m["kept_whole_fraction"] == 0.5  # the 3-row group
+
+
+# ---------------------------------------------------------------- recipes: arms differing in the method alone
+
+
+def recipe_diff(a: str, b: str) -> set[str]:
+    from reasonrl.recipe import flatten, load_recipe
+
+    fa, fb = (flatten(load_recipe(f"recipes/{name}.yaml").to_dict()) for name in (a, b))
+    return {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
+
+
+def test_the_matched_lr_arms_differ_from_their_baselines_in_the_method_alone():
+    from reasonrl.recipe import load_recipe
+
+    assert recipe_diff("grpo", "grpo_dropout_baseline_lr1e-4") == {"optim.lr"}
+    assert recipe_diff("grpo_dropout", "grpo_dropout_lr1e-4") == {"optim.lr"}
+    # The method: the selector and the advantage (GRPO's `scale` is GRPO's own parameter).
+    method = {"selection", "advantage.name", "advantage.center", "advantage.scale"}
+    assert recipe_diff("grpo", "grpo_dropout") == method
+    assert recipe_diff("grpo_dropout_baseline_lr1e-4", "grpo_dropout_lr1e-4") == method
+    assert load_recipe("recipes/grpo_dropout_lr1e-4.yaml").optim.lr == 1e-4
+    # The authors' balance.env: n_update 7 < G = 8, so every full group is judged.
+    r = load_recipe("recipes/grpo_dropout.yaml")
+    assert r.selection[0].params["n_update"] == 7 < r.rollout.num_generations
+
+
+def test_step_size_measures_the_gradient_and_the_update(tmp_path):
+    # SGD without momentum or weight decay moves the weights by exactly lr · min(‖g‖, max_grad_norm).
+    from reasonrl.methods.grpo_dropout.step_size import measure
+
+    raw = mini_recipe(selection=[{"name": "grpo_dropout"}], advantage={"name": "grpo_dropout"},
+                      rewards=[{"name": "soft_overlong", "max_len": 24, "buffer_len": 16}],
+                      optim={"name": "sgd", "lr": 0.5, "warmup_steps": 0, "max_grad_norm": 0.05}).to_dict()
+    path = tmp_path / "sgd.yaml"
+    path.write_text(json.dumps(raw))  # JSON is YAML
+    rows = measure(path, 0.5, 2)
+    assert [r["step"] for r in rows] == [1, 2]
+    moved = False
+    for r in rows:
+        assert r["step_lr"] == 0.5 and 4 <= r["rows"] <= 16
+        assert r["update_norm"] == pytest.approx(0.5 * min(r["grad_norm"], 0.05), rel=1e-4)
+        moved |= r["grad_norm"] > 0
+    assert moved, "no step had a gradient: the check above was 0 = 0"
+
+
 # ---------------------------------------------------------------- registered adapters
 
 
@@ -246,6 +343,8 @@ def test_registered_selector_matches_the_pure_functions():
     assert torch.allclose(out.aux["seq_logprob"].double(), seq_lp[kept], atol=1e-6)
     assert metrics["dropped_fraction"] == pytest.approx(7 / 16)  # 1 + 6 rows of 16
     assert metrics["mixed_dropped_fraction"] == pytest.approx(1 / 8)  # the all-zero group does not count
+    assert metrics["mixed_dropped_per_group"] == 1.0  # one row dropped in the one mixed group
+    assert metrics["mixed_group_fraction"] == 0.5 and metrics["kept_whole_fraction"] == 0.0
     assert metrics["push_sum_before"] == pytest.approx(-0.3 * A / 2, rel=1e-6)  # (−0.3a + 0) / 2 groups
     assert metrics["push_sum_after"] == pytest.approx(0.15 * A / 2, rel=1e-6)
     assert metrics["surprisal_before"] > 0 and metrics["surprisal_after"] > 0
@@ -294,7 +393,8 @@ def test_registered_advantage_matches_the_pure_function():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"variant": "balanced"}, "variant"), ({"basis": "mean"}, "basis"), ({"min_keep": 0}, "min_keep"),
-    ({"a0": "high"}, "a0"), ({"eps": -1.0}, "eps"),
+    ({"a0": "high"}, "a0"), ({"eps": -1.0}, "eps"), ({"n_update": 0}, "n_update"), ({"n_update": True}, "n_update"),
+    ({"n_update": 2.5}, "n_update"),
 ])
 def test_bad_selector_params_name_the_parameter(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -327,7 +427,8 @@ def test_end_to_end_run_logs_the_selection_metrics(tmp_path):
     rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
-        for key in ("dropped_fraction", "push_sum_before", "push_sum_after", "mixed_dropped_fraction"):
+        for key in ("dropped_fraction", "push_sum_before", "push_sum_after", "mixed_dropped_fraction",
+                    "mixed_dropped_per_group", "kept_whole_fraction"):
             assert f"selection/grpo_dropout/{key}" in r, key
         # 4 prompts × 4 samples; at least m = 1 row per group is kept.
         assert r["train/rows"] == round(16 * (1 - r["selection/grpo_dropout/dropped_fraction"]))

@@ -1,4 +1,4 @@
-"""MWRL: coverage credit over up-sets (algos.witness) and the minimal_witness task."""
+"""MWRL: coverage credit over up-sets (reasonrl.methods.mwrl) and the minimal_witness task."""
 
 import dataclasses
 import math
@@ -12,12 +12,15 @@ import torch
 import yaml
 
 from reasonrl.methods.mwrl.advantage import (
+    EXACT_MAX_LOG2,
     MEASURES,
     count_value,
+    coverage_credit_exact,
     coverage_credit_lattice,
     coverage_credit_mc,
     coverage_value,
     deletion_credit,
+    exact_plan,
     group_credit,
     l2o_baseline,
     mwrl_advantages,
@@ -233,19 +236,29 @@ def wide_group(seed=0, k=16, d=8):
 
 
 @pytest.mark.parametrize("measure", MEASURES)
-def test_mc_path_close_to_exact_and_sign_consistent(measure):
+def test_mc_estimate_close_to_exact_and_sign_consistent(measure):
     sets, ok = wide_group()
-    assert len(prune_antichain(s for s, g in zip(sets, ok) if g)) > 12  # the MC path is taken
-    exact = group_credit(sets, ok, valuation=measure, mc_samples=0)
-    mc = group_credit(sets, ok, valuation=measure, mc_samples=200_000, seed=3)
+    assert len(prune_antichain(s for s, g in zip(sets, ok) if g)) > 12  # the source's MC regime
+    exact_a, exact_b = coverage_credit_exact(sets, ok, measure)
+    exact = exact_a - exact_b
+    mc_a, mc_b = coverage_credit_mc(sets, ok, measure, samples=200_000, seed=3)
+    mc = mc_a - mc_b
     assert not np.array_equal(exact, mc)  # really an estimate
     # Credits here are ~0.005; with 200k shared samples each estimate has σ ≈ 0.0003.
     assert mc == pytest.approx(exact, abs=0.0012)
     clear = np.abs(exact) > 0.002
     assert clear.sum() >= 4 and np.all(np.sign(mc[clear]) == np.sign(exact[clear]))
     # Seeded: the same seed repeats, another seed differs.
-    assert np.array_equal(mc, group_credit(sets, ok, valuation=measure, mc_samples=200_000, seed=3))
-    assert not np.array_equal(mc, group_credit(sets, ok, valuation=measure, mc_samples=200_000, seed=4))
+    again_a, again_b = coverage_credit_mc(sets, ok, measure, samples=200_000, seed=3)
+    assert np.array_equal(mc, again_a - again_b)
+    other_a, other_b = coverage_credit_mc(sets, ok, measure, samples=200_000, seed=4)
+    assert not np.array_equal(mc, other_a - other_b)
+    chosen = group_credit(sets, ok, valuation=measure, mc_samples=200_000, seed=3)
+    if measure == "layer":  # exact at any width, as in the source
+        assert chosen == pytest.approx(exact, abs=1e-12)
+    else:  # the product measures take the source's shared-sample MC path above 12
+        assert np.array_equal(chosen, mc)
+        assert group_credit(sets, ok, valuation=measure, mc_samples=0) == pytest.approx(exact, abs=1e-12)
 
 
 def test_mc_failed_rows_get_zero_raw_credit():
@@ -255,6 +268,105 @@ def test_mc_failed_rows_get_zero_raw_credit():
     failed = [i for i in range(len(ok)) if not ok[i]]
     assert failed, "the group has no failed row"
     assert all(raw[i] == 0.0 for i in failed)
+
+
+# -- the exact engines beyond 12 antichain elements --------------------------------------
+
+def wide_antichain_group(rng, d, k):
+    """K proposals over [d] whose successes prune to an antichain of > 12 elements, plus a
+    duplicate, a dominated success, a failure and a malformed row."""
+    for _ in range(100):
+        sets = [F(rng.sample(range(d), rng.randint(d // 2, d // 2 + 1))) for _ in range(k)]
+        sets[1] = sets[0]  # a duplicated success
+        sets[3] = sets[2] | {next(v for v in range(d) if v not in sets[2])}  # dominated by sets[2]
+        ok = [True] * k
+        ok[4] = False
+        sets[5] = None
+        if len(prune_antichain(s for s, g in zip(sets, ok) if g and s is not None)) > 12:
+            return sets, ok
+    raise AssertionError("no group with a wide antichain drawn")
+
+
+def brute_credit(sets, ok, d, measure):
+    """(A, b) by summing ν over all 2^d points."""
+    only, others_one = brute_only_and_exactly_one(sets, ok, d, measure)
+    return only, others_one / (len(sets) - 1)
+
+
+@pytest.mark.parametrize("measure", MEASURES)
+def test_exact_credit_above_12_antichain_elements_equals_brute_force(measure):
+    rng = random.Random(f"wide-{measure}")
+    for _ in range(3):
+        d = rng.randint(9, 10)
+        sets, ok = wide_antichain_group(rng, d, rng.randint(16, 20))
+        a, b = brute_credit(sets, ok, d, measure)
+        assert a[1] == a[0] == 0.0 and a[3] == 0.0 and a[4] == a[5] == 0.0  # duplicate, dominated, failed
+        assert a.max() > 1e-4
+        for engine in ("atoms", "subsets"):
+            raw, base = coverage_credit_exact(sets, ok, measure, engine=engine)
+            assert np.abs(raw - a).max() < 1e-9 and np.abs(base - b).max() < 1e-9, engine
+            assert all(raw[i] == 0.0 for i in (0, 1, 3, 4, 5)) and raw.min() >= 0.0  # exact zeros, as in theory
+    # The layer measure (the source default) stays exact on the default path: no MC above 12.
+    if measure == "layer":
+        assert np.abs(group_credit(sets, ok, valuation="layer") - (a - b)).max() < 1e-9
+
+
+def test_exact_credit_on_42_variables_equals_block_brute_force():
+    # 14 blocks of 3 variables (d = 42: 2^42 points), each proposal a union of 2–3 blocks,
+    # > 12 antichain elements. Coverage only depends on which blocks T holds in full, so
+    # the brute force runs over the 2^14 block states; the layer weight of "exactly the
+    # blocks F full" counts T by size: [x^t] x^{3|F|} ((1+x)^3 − x^3)^{14−|F|}, each T of
+    # size t weighing 1/((d+1)·C(d,t)). No quadrature, no atoms, no Möbius inversion.
+    rng = random.Random(5)
+    blocks, size = 14, 3
+    d = blocks * size
+    chosen = [F(rng.sample(range(blocks), rng.randint(2, 3))) for _ in range(20)]
+    chosen[1] = chosen[0]
+    sets = [F(b * size + c for b in bs for c in range(size)) for bs in chosen]
+    ok = [rng.random() < 0.9 for _ in sets]
+    assert len(prune_antichain(s for s, g in zip(sets, ok) if g)) > 12
+    partial = np.array([1.0, 3.0, 3.0])  # (1+x)^3 − x^3 = 1 + 3x + 3x²
+    per_full = []
+    for full in range(blocks + 1):
+        poly = np.concatenate([np.zeros(size * full), np.polynomial.polynomial.polypow(partial, blocks - full)])
+        per_full.append(sum(c / ((d + 1) * math.comb(d, t)) for t, c in enumerate(poly)))
+    k = len(sets)
+    only, others_one = np.zeros(k), np.zeros(k)
+    for state in range(1 << blocks):
+        w = per_full[bin(state).count("1")]
+        cover = [g and all(state >> b & 1 for b in bs) for bs, g in zip(chosen, ok)]
+        count = sum(cover)
+        for i in range(k):
+            if cover[i] and count == 1:
+                only[i] += w
+            if count - cover[i] == 1:
+                others_one[i] += w
+    base = others_one / (k - 1)
+    assert only.max() > 1e-4
+    for engine in ("atoms", "subsets"):
+        raw, b = coverage_credit_exact(sets, ok, "layer", engine=engine)
+        assert np.abs(raw - only).max() < 1e-9 and np.abs(b - base).max() < 1e-9, engine
+    assert np.abs(group_credit(sets, ok, valuation="layer") - (only - base)).max() < 1e-9
+    engine, log2_states = exact_plan(sets, ok)
+    assert engine == "atoms" and log2_states <= blocks  # 42 variables merge into ≤ 14 atoms
+
+
+def test_group_beyond_both_exact_spaces_warns_or_raises():
+    # 30 distinct 3-sets over 40 variables: > 22 atoms, > 22 distinct successes, > 12 antichain elements.
+    rng = random.Random(11)
+    sets = []
+    while len(sets) < 30:
+        s = F(rng.sample(range(40), 3))
+        if s not in sets:
+            sets.append(s)
+    ok = [True] * 30
+    assert exact_plan(sets, ok)[1] > EXACT_MAX_LOG2 and len(prune_antichain(sets)) > 12
+    with pytest.raises(ValueError, match="no exact engine fits"):
+        group_credit(sets, ok, valuation="layer", mc_samples=0)
+    with pytest.warns(RuntimeWarning, match="Monte-Carlo"):
+        mc = group_credit(sets, ok, valuation="layer", mc_samples=2000, seed=1)
+    a, b = coverage_credit_mc(sets, ok, "layer", samples=2000, seed=1)
+    assert np.array_equal(mc, a - b)
 
 
 # -- the advantage stage --------------------------------------------------------------
@@ -276,6 +388,138 @@ def test_witness_advantages_broadcast_and_scopes():
     batch_scaled = witness_advantages(sets, ok, gids, mask, valuation="layer", scale="batch")
     raw = torch.tensor([4 / 36, -4 / 36, 1 / 36, -3 / 36, 0.5, -0.5])
     assert torch.allclose(batch_scaled[:, 0], raw / (2 / 9), atol=1e-4)
+
+
+# The example of issue 32: masks 0011, 0011, 0101, 1111 (bit c = variable c), the last failed.
+ISSUE_SETS = [F({0, 1}), F({0, 1}), F({0, 2}), F({0, 1, 2, 3})]
+ISSUE_OK = [True, True, True, False]
+
+
+@pytest.mark.parametrize("measure", MEASURES)
+def test_rloo_and_mean_divide_by_the_raw_credit_before_centring(measure):
+    # A = [0, 0, a, 0] (the twins dominate each other, the last failed), a = ν(up{0,2} \ up{0,1}):
+    # layer 1/3 − 1/4, uniform 1/4 − 1/8, geometric .49 − .343. Any a > 0 gives the same numbers:
+    # rloo   Â = (A − a/4)·4/3 = [−1, −1, 3, −1]·a/3; divided by mean |A| = a/4 → [−4/3, −4/3, 4, −4/3]
+    # mean   Â = A − a/4       = [−1, −1, 3, −1]·a/4; divided by a/4            → [−1, −1, 3, −1]
+    # none   Â = A; divided by a/4                                              → [0, 0, 4, 0]
+    # (dividing by the mean |Â| instead, as before, gave [−2/3, −2/3, 2, −2/3] for rloo and mean.)
+    gids, mask = torch.zeros(4, dtype=torch.long), torch.ones(4, 1)
+    expected = {"rloo": [-4 / 3, -4 / 3, 4.0, -4 / 3], "mean": [-1.0, -1.0, 3.0, -1.0], "none": [0.0, 0.0, 4.0, 0.0]}
+    for baseline, want in expected.items():
+        adv = witness_advantages(ISSUE_SETS, ISSUE_OK, gids, mask, valuation=measure, baseline=baseline)
+        assert adv[:, 0].tolist() == pytest.approx(want, rel=1e-4), baseline
+    # The source's update scope (our scale: batch) divides the CENTRED credit by its mean |Â|.
+    batch = witness_advantages(ISSUE_SETS, ISSUE_OK, gids, mask, valuation=measure, baseline="rloo", scale="batch")
+    assert batch[:, 0].tolist() == pytest.approx([-2 / 3, -2 / 3, 2.0, -2 / 3], rel=1e-4)
+
+
+# -- a re-statement of the authors' group advantage (mwrl.advantage.mwrl_group_advantages,
+# scale "mean", scope "group", no discovery term), written from their code independently of
+# the module, on integer bitmasks as they do ------------------------------------------
+
+def _bits(m):
+    return bin(m).count("1")
+
+
+def _phi(measure, p=0.7):
+    if measure == "layer":
+        return lambda size: 1.0 / (size + 1)
+    q = 0.5 if measure == "uniform" else p
+    return lambda size: q**size
+
+
+def _minimal(masks):
+    kept = []
+    for m in sorted(set(masks), key=_bits):
+        if not any(k & m == k for k in kept):
+            kept.append(m)
+    return kept
+
+
+def _union_value(masks, phi):
+    chain, total = _minimal(masks), 0.0
+    for r in range(1, len(chain) + 1):
+        for sub in combinations(chain, r):
+            u = 0
+            for m in sub:
+                u |= m
+            total += (-1) ** (r + 1) * phi(_bits(u))
+    return total
+
+
+def authors_credit_l1o(masks, succ, phi):
+    out = []
+    for i, m in enumerate(masks):
+        others = _minimal([masks[j] for j in range(len(masks)) if j != i and succ[j]])
+        if not succ[i] or any(o & m == o for o in others):
+            out.append(0.0)
+            continue
+        total = 0.0
+        for r in range(len(others) + 1):
+            for sub in combinations(others, r):
+                u = m
+                for o in sub:
+                    u |= o
+                total += (-1) ** r * phi(_bits(u))
+        out.append(total)
+    return out
+
+
+def authors_credit_l2o(masks, succ, phi):
+    k = len(masks)
+
+    def v(excluded):
+        return _union_value([masks[j] for j in range(k) if succ[j] and j not in excluded], phi)
+
+    out = []
+    for i in range(k):
+        marginal = v(set()) - v({i})
+        others = [j for j in range(k) if j != i]
+        base = v({i}) - sum(v({i, j}) for j in others) / len(others) if others else 0.0
+        out.append(marginal - base)
+    return out
+
+
+def authors_group_advantage(masks, succ, valuation, baseline, eps=1e-6):
+    """baseline 'none' = the authors' witness_center False."""
+    center = baseline != "none"
+    if valuation == "count":
+        credit = [1.0 if succ[i] and not any(succ[j] and masks[j] == masks[i] for j in range(len(masks)) if j != i)
+                  else 0.0 for i in range(len(masks))]
+        l2o = False
+    elif center and baseline == "l2o":
+        credit, l2o = authors_credit_l2o(masks, succ, _phi(valuation)), True
+    else:
+        credit, l2o = authors_credit_l1o(masks, succ, _phi(valuation)), False
+    credit = np.array(credit)
+    raw_scale = np.abs(credit).mean()  # taken before centring
+    if center and not l2o:
+        n = len(credit)
+        credit = credit - credit.mean()
+        if baseline == "rloo" and n > 1:
+            credit = credit * (n / (n - 1))
+    return credit / (raw_scale + eps)
+
+
+@pytest.mark.parametrize("valuation", MEASURES + ("count",))
+def test_group_advantage_equals_the_authors_formula_on_random_groups(valuation):
+    rng = random.Random(f"authors-{valuation}")
+    baselines = ("rloo", "mean", "none") + (("l2o",) if valuation != "count" else ())
+    checked = 0
+    for _ in range(40):
+        d, k = rng.randint(2, 6), rng.randint(2, 8)
+        masks = [rng.randrange(1, 1 << d) for _ in range(k)]
+        if rng.random() < 0.5:
+            masks[-1] = masks[0]  # duplicates
+        succ = [rng.random() < 0.7 for _ in range(k)]
+        sets = [F(c for c in range(d) if m >> c & 1) for m in masks]
+        gids, mask = torch.zeros(k, dtype=torch.long), torch.ones(k, 1)
+        for baseline in baselines:
+            ours = witness_advantages(sets, succ, gids, mask, valuation=valuation, baseline=baseline)[:, 0]
+            theirs = authors_group_advantage(masks, succ, valuation, baseline)
+            assert ours.double().numpy() == pytest.approx(theirs, rel=1e-5, abs=1e-5), (baseline, masks, succ)
+            checked += float(np.abs(theirs).max()) > 0
+    assert checked > 60
 
 
 def problem_for(values, target):

@@ -39,6 +39,8 @@ def test_recipe_runs(path, tmp_path):
         overrides += [f"env.advisor_params.tiny.{k}={v}" for k, v in MINI_TINY.items()]  # a mini advisor too
     overrides += ["train.steps=2", "train.prompts_per_step=4", "eval.size=8", "log.plots=false",
                   "log.progress=false", "rollout.max_sampling_rounds=1"]
+    if "rounds_per_step" in load_recipe(path).sampler.params:  # a rollout budget reserves one group per round
+        overrides.append("sampler.rounds_per_step=1")
     recipe = load_recipe(path, overrides)
     summary = Trainer(recipe, tmp_path / "run", log=lambda m: None).run()
     assert summary["steps"] == 2

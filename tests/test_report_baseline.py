@@ -245,6 +245,18 @@ def test_the_report_is_reproducible(folders, report, tmp_path):
     assert without_noise == [r for r in rows if r["group"] != "noisy"]
 
 
+def test_a_run_named_twice_counts_once(folders, report, tmp_path):
+    """Overlapping globs (`bot-s*` and `*-s1`) name a folder twice: it counts once, with a warning."""
+    _, paths = folders
+    _, rows, _ = report
+    warnings = []
+    twice = [*paths, paths[4], tmp_path / ".." / tmp_path.name / ".." / paths[4].parent.name / paths[4].name]
+    out = write_report(twice, tmp_path / "twice.html", baseline="grpo", warn=warnings.append)
+    assert json.loads(stats_path(out).read_text()) == rows  # bot still has 3 runs, the same numbers
+    assert _row(rows, "accuracy", "bot")["n_runs"] == 3
+    assert sum("named more than once; counted once" in w for w in warnings) == 2
+
+
 def test_unknown_baseline_is_exit_2_and_writes_nothing(folders, tmp_path, capsys):
     _, paths = folders
     out = tmp_path / "x.html"

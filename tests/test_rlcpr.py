@@ -2,6 +2,7 @@
 methods/rlcpr/method.py) and the uncertainty prompt sampler (methods/rlcpr/sampler.py)."""
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,14 +11,17 @@ import torch
 from reasonrl.methods.rlcpr.maths import answer_reward, concentration_penalty, concentration_point, debias
 from reasonrl.batch import RolloutBatch
 from reasonrl.config import ConfigError
+from reasonrl.recipe import load_recipe
 from reasonrl.hooks import MethodContext
-from reasonrl.methods.rlcpr.method import RLCPR, answer_probabilities, split_trace, thin
+from reasonrl.methods.rlcpr.method import RLCPR, answer_probabilities, group_rewards, split_trace, thin
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.algos.selection import one_group_reward_std
 from reasonrl.methods.rlcpr.sampler import UncertaintySampler
 from reasonrl.problem import Problem
 
-from helpers import mini_policy, mini_recipe, straight_and_resumed
+from helpers import MINI_TINY, mini_policy, mini_recipe, registered, straight_and_resumed
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- the pure maths --------------------------------------------------------------------------
@@ -101,7 +105,8 @@ def _batch(policy, rows):
     return RolloutBatch(prompt_ids=enc["input_ids"], prompt_mask=enc["attention_mask"], completion_ids=ids,
                         completion_mask=mask, group_ids=torch.tensor([r[3] for r in rows]),
                         rewards=torch.full((n,), 5.0), truncated=torch.zeros(n, dtype=torch.bool),
-                        meta={"answer": [r[2] for r in rows], "reward/exact_answer": [1.0, 1.0, 0.0]})
+                        meta={"answer": [r[2] for r in rows], "prompt": [r[0] for r in rows],
+                              "reward/exact_answer": [1.0, 1.0, 0.0]})
 
 
 ROWS = [("(3+4)*5;", "3+4=7;7*5=35;####35", "35", 0),          # T = 13, p_t = .3, .6, .9
@@ -109,11 +114,11 @@ ROWS = [("(3+4)*5;", "3+4=7;7*5=35;####35", "35", 0),          # T = 13, p_t = .
         ("2+3*4;", "####14", "14", 1)]                          # T = 0, p = .3
 
 
-def _annotate(**params):
+def _annotate(sampler=None, **params):
     policy = SemicolonPolicy()
     method = RLCPR(**params)
     recipe = SimpleNamespace(train=SimpleNamespace(micro_batch_size=2))
-    method.setup(MethodContext(recipe=recipe, policy=policy, run_dir=None, log=print))
+    method.setup(MethodContext(recipe=recipe, policy=policy, run_dir=None, log=print, sampler=sampler))
     batch = _batch(policy, ROWS)
     metrics = method.annotate(batch, 0)
     return batch, metrics, policy.rows
@@ -200,13 +205,13 @@ def test_sampler_weights_by_hand_and_it_prefers_spread_groups():
     s = UncertaintySampler(EightPrompts(), seed=0, pool=4, floor=0.01, ema=0.1, scale=0.5)
     first = s.problems(0, 2)  # nothing seen: uniform over the 8 candidates
     assert len(first) == 2
-    s.observe([Problem("p0", "0"), Problem("p1", "0")], [[0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]], 0)
+    s.record_rewards(["p0", "p1"], [[0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
     sigma = math.sqrt(1 / 3)
     assert s.tau == pytest.approx(sigma / 2)  # the first observation sets τ_σ
     assert s.weight(Problem("p0", "0")) == pytest.approx(sigma + 0.01)
     assert s.weight(Problem("p1", "0")) == 0.0  # σ̂ = 0 < 0.5·τ_σ: dropped
     assert s.weight(Problem("p5", "0")) == pytest.approx(sigma / 2 + 0.01)  # unseen: typical
-    s.observe([Problem("p2", "0")], [[0.0, 0.5]], 1)
+    s.record_rewards(["p2"], [[0.0, 0.5]])
     assert s.tau == pytest.approx(0.9 * sigma / 2 + 0.1 * math.sqrt(0.125))
     # Over many draws of 1 from the 8 candidates, p1 is never drawn and p0 is drawn most.
     counts = {}
@@ -218,7 +223,7 @@ def test_sampler_weights_by_hand_and_it_prefers_spread_groups():
 
 def test_sampler_refills_from_dropped_prompts_when_too_few_survive():
     s = UncertaintySampler(EightPrompts(), seed=0, pool=2, scale=1.0)
-    s.observe([Problem(f"p{i}", "0") for i in range(8)], [[0.0, 1.0]] + [[1.0, 1.0]] * 7, 0)
+    s.record_rewards([f"p{i}" for i in range(8)], [[0.0, 1.0]] + [[1.0, 1.0]] * 7)
     assert s.weight(Problem("p0", "0")) > 0 and s.weight(Problem("p3", "0")) == 0.0
     chosen = [p.prompt for p in s.problems(0, 3)]  # 6 candidates, 1 survivor, 3 asked: 2 come back
     assert len(chosen) == 3 and "p0" in chosen
@@ -226,12 +231,54 @@ def test_sampler_refills_from_dropped_prompts_when_too_few_survive():
 
 def test_sampler_resumes_exactly():
     a = UncertaintySampler(EightPrompts(), seed=4)
-    a.observe([Problem(f"p{i}", "0") for i in range(4)], [[0.0, 1.0], [1.0, 1.0], [0.2, 0.9], [0.5, 0.6]], 0)
+    a.record_rewards([f"p{i}" for i in range(4)], [[0.0, 1.0], [1.0, 1.0], [0.2, 0.9], [0.5, 0.6]])
     a.problems(1, 2)
     b = UncertaintySampler(EightPrompts(), seed=4)
     b.load_state_dict(a.state_dict())
     assert [[p.prompt for p in a.problems(s, 3)] for s in range(5)] == \
         [[p.prompt for p in b.problems(s, 3)] for s in range(5)]
+
+
+def test_the_sampler_learns_from_one_source_only():
+    """``feedback: method`` (the default) ignores the scorer's rewards (a verifier's 0/1, say)
+    and learns from the method's; ``feedback: scorer`` the other way round."""
+    spread, flat = [[0.0, 1.0]], [[0.3, 0.3]]
+    s = UncertaintySampler(EightPrompts(), seed=0)
+    s.observe([Problem("p0", "0")], spread, 0)
+    assert s.stds == {} and s.tau is None  # the scorer's rewards are not read
+    s.record_rewards(["p0"], flat)
+    assert s.stds == {"p0": 0.0} and s.tau == 0.0
+    t = UncertaintySampler(EightPrompts(), seed=0, feedback="scorer")
+    t.record_rewards(["p0"], flat)
+    assert t.stds == {} and t.tau is None
+    t.observe([Problem("p0", "0")], spread, 0)
+    assert t.stds == {"p0": pytest.approx(math.sqrt(0.5))}
+
+
+def test_group_rewards_by_hand():
+    assert group_rewards(["a", "a", "b", "a", "c"], [3, 3, 1, 3, 7], [0.1, 0.2, 0.3, 0.4, 0.5]) == \
+        (["a", "b", "c"], [[0.1, 0.2, 0.4], [0.3], [0.5]])
+
+
+def test_the_method_feeds_its_probability_rewards_to_the_sampler():
+    sampler = UncertaintySampler(EightPrompts(), seed=0)
+    batch, _, _ = _annotate(sampler=sampler, length_penalty=0.1, delta=0.05, gate=0.5)
+    r0, r1 = 0.9, 0.9 - 0.1 * 6 / 19  # the rewards written for group 0 (by hand above); group 1 is one row
+    sigma = torch.tensor([r0, r1]).std().item()
+    assert sampler.stds == {"(3+4)*5;": pytest.approx(sigma, rel=1e-5), "2+3*4;": 0.0}
+    assert sampler.tau == pytest.approx(sigma / 2, rel=1e-5)
+    # a sampler that takes the scorer's rewards gets nothing from the method
+    scorer_fed = UncertaintySampler(EightPrompts(), seed=0, feedback="scorer")
+    _annotate(sampler=scorer_fed, length_penalty=0.1)
+    assert scorer_fed.stds == {}
+
+
+def test_method_feedback_needs_the_method():
+    with pytest.raises(ConfigError, match="feedback: method"):
+        mini_recipe(sampler={"name": "uncertainty"})
+    with pytest.raises(ConfigError, match="feedback"):
+        mini_recipe(sampler={"name": "uncertainty", "feedback": "verifier"}, methods=[{"name": "rlcpr"}])
+    assert mini_recipe(sampler={"name": "uncertainty", "feedback": "scorer"}).sampler.name == "uncertainty"
 
 
 def test_bad_sampler_parameters_fail_at_load():
@@ -251,3 +298,59 @@ def test_a_short_run_resumes_exactly(tmp_path, monkeypatch):
     for r in trained:
         assert 0.0 <= r["rlcpr/prob"] <= 1.0 and 0.0 <= r["rlcpr/p_empty"] <= 1.0
         assert 0.0 <= r["rlcpr/t_star_frac"] <= 1.0 and r["rlcpr/group_std"] >= 0.0
+
+
+# -- verifier-free end to end ----------------------------------------------------------------------
+
+def _verifier_spy(path):
+    """A stand-in for ``exact_answer`` that leaves a line in ``path`` and raises: the scorer
+    runs reward functions in forked workers that turn an exception into a counted failure, so
+    the file, not the exception, is what proves a call."""
+    def verifier(completion, problem, **_):
+        with open(path, "a") as fh:
+            fh.write(f"{completion!r}\n")
+        raise AssertionError("the verifier was called in training")
+    return verifier
+
+
+def _short(recipe_sets):
+    return load_recipe(ROOT / "recipes" / "rlcpr.yaml", [
+        *(f"model.tiny.{k}={v}" for k, v in MINI_TINY.items()), "train.steps=2", "train.prompts_per_step=2",
+        "train.micro_batch_size=8", "train.checkpoint_every=2", "rollout.num_generations=4",
+        "rollout.max_new_tokens=16", "eval.size=4", "eval.every=1", "eval.reward=exact_answer_eval",
+        "log.plots=false", "log.progress=false", *recipe_sets])
+
+
+def test_the_recipe_trains_without_calling_the_verifier(tmp_path, monkeypatch):
+    """recipes/rlcpr.yaml with ``exact_answer`` replaced by a spy that records every call and
+    raises: two training steps never call it, while the evaluation (which may read a verifier)
+    does, through a copy registered under another name. The control, the recipe as it was (the
+    sampler fed the scorer's ``exact_answer``), calls the spy: the check can fail."""
+    from reasonrl.metrics_log import read_metrics
+    from reasonrl.registry import REWARDS
+    from reasonrl.rewards.basic import exact_answer
+    from reasonrl.train.trainer import Trainer
+
+    evaluated = []
+
+    def eval_copy(completion, problem, **kw):
+        evaluated.append(completion)
+        return exact_answer(completion, problem, **kw)
+
+    calls = tmp_path / "verifier_calls.txt"
+    monkeypatch.setitem(REWARDS._items, "exact_answer", _verifier_spy(calls))
+    with registered(exact_answer_eval=eval_copy):
+        recipe = _short([])
+        assert [r.name for r in recipe.rewards] == ["format"] and recipe.sampler.params["feedback"] == "method"
+        assert recipe.methods[0].params.get("combine", "replace") == "replace"
+        Trainer(recipe, tmp_path / "run", log=lambda m: None).run()
+        assert not calls.exists()  # training never called the verifier
+        assert evaluated  # the evaluation did score answers
+        rows = [r for r in read_metrics(tmp_path / "run") if "rlcpr/reward" in r]
+        assert len(rows) == 2 and all("reward/exact_answer" not in r for r in rows)
+        assert all(not any(k.startswith("reward_failures") for k in r) for r in rows)
+        # control: the old recipe (exact_answer scored, the sampler fed the scorer's rewards)
+        control = _short(["rewards=[{name: exact_answer}]", "sampler.feedback=scorer"])
+        with pytest.warns(UserWarning, match="the verifier was called in training"):
+            Trainer(control, tmp_path / "control", log=lambda m: None).run()
+    assert calls.exists() and len(calls.read_text().splitlines()) > 0

@@ -232,31 +232,64 @@ def test_fuse_command_end_to_end_and_its_bad_input(run, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fused", "other"]
 
 
-def test_sweep_helper_evaluates_inputs_and_each_fused_model(run, tmp_path, capsys):
+def _cache_validation(out, numbers):
+    """Validation numbers of the run's checkpoints, where the sweep's scorer reads its cache, so
+    which checkpoint is the anchor and which the donor is fixed by the test, not by chance."""
+    (out / "evals").mkdir(parents=True)
+    for step, (greedy, length) in numbers.items():
+        (out / "evals" / f"ckpt{step}.validation.json").write_text(json.dumps(
+            {"model": f"step_{step}", "split": "validation", "problems": 3, "greedy": greedy, "greedy_ci": [0, 1],
+             "avg": greedy, "length": length, "per_problem_greedy": [greedy] * 3, "per_problem_avg": [greedy] * 3}))
+
+
+def test_sweep_chooses_on_validation_and_reports_on_test(run, tmp_path):
     import importlib.util
+    import sys
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
         "surge_sweep", Path(__file__).resolve().parents[1] / "benchmarks" / "surge_sweep.py")
     sweep = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sweep
     spec.loader.exec_module(sweep)
     out = tmp_path / "sweep"
-    args = [str(run / "run" / "checkpoints" / "step_000001"), str(run / "run"), "--base", str(run / "base"),
-            "--retain", "0.5", "--gamma", "1", "--controls", "random", "--size", "3", "--n", "2",
-            "--max-new-tokens", "6", "-o", str(out)]
+    _cache_validation(out, {1: (0.3, 10.0), 2: (0.6, 12.0)})  # step 2 the more accurate, step 1 shorter
+    common = ["--base", str(run / "base"), "--gamma", "1", "--size", "3", "--val-size", "3", "--n", "2",
+              "--max-new-tokens", "6", "--seed", "1"]
+    args = [f"best:{run / 'run'}", f"shorter:{run / 'run'}", "--retain", "0.5", "0.9", "--controls", "random",
+            *common, "-o", str(out)]
     assert sweep.main(args) == 0
     report = json.loads((out / "sweep.json").read_text())
-    assert [r["model"] for r in report["rows"]] == ["anchor", "donor", "r0.5_g1", "r0.5_g1_random"]
-    fused = report["rows"][2]
-    assert fused["fuse"]["matrices"] > 0 and isinstance(fused["beats_both"], bool)
-    assert fused["beats_both"] == (fused["greedy"] > max(report["rows"][0]["greedy"], report["rows"][1]["greedy"]))
-    assert fused["shorter_than_anchor"] == (fused["length"] < report["rows"][0]["length"])
-    assert json.loads((out / "models" / "r0.5_g1_random" / FUSE_FILE).read_text())["settings"]["control"] == "random"
-    assert "| r0.5_g1_random |" in (out / "sweep.md").read_text()
-    # best:RUN_DIR picks a kept checkpoint by its eval/accuracy row
-    (run / "run" / "metrics.jsonl").write_text(
-        (run / "run" / "metrics.jsonl").read_text() + '{"step": 1, "eval/accuracy": 0.9}\n{"step": 2, "eval/accuracy": 0.1}\n')
-    assert sweep.best_checkpoint(run / "run").name == "step_000001"
+    assert report["anchor"].endswith("step_000002/model") and report["donor"].endswith("step_000001/model")
+    chosen = report["chosen"]
+    assert [r["model"] for r in report["rows"]] == ["anchor", "donor", "r0.5_g1", "r0.9_g1", f"{chosen}_random"]
+    cells = report["rows"][2:4]
+    assert chosen == max(cells, key=lambda r: (r["validation"]["greedy"], r["validation"]["avg"]))["model"]
+    for r in report["rows"]:  # every model scored on both splits, 3 problems each
+        assert r["validation"]["problems"] == 3 and r["test"]["problems"] == 3
+    # The test split is the task's first held-out problems: the anchor's test greedy is what
+    # `reasonrl eval --size 3` reports for it.
+    from reasonrl.cli import main as reasonrl
+
+    assert reasonrl(["eval", "--model", report["anchor"], "--task", "arithmetic", "--size", "3", "--n", "2",
+                     "--k", "2", "--max-new-tokens", "6", "--seed", "1", "-o", str(tmp_path / "e.json")]) == 0
+    direct = json.loads((tmp_path / "e.json").read_text())["arithmetic"]["metrics"]
+    assert report["rows"][0]["test"]["greedy"] == direct["greedy"]["mean"]
+    assert report["rows"][0]["test"]["avg"] == direct["avg@2"]["mean"]
+    s, a, d = (next(r for r in report["rows"] if r["model"] == m)["test"] for m in (chosen, "anchor", "donor"))
+    assert report["verdict"] == {"beats_both": s["greedy"] > max(a["greedy"], d["greedy"]),
+                                 "shorter_than_anchor": s["length"] < a["length"]}
+    control = json.loads((out / "models" / f"{chosen}_random" / FUSE_FILE).read_text())["settings"]
+    assert control["control"] == "random" and control["retain"] == report["settings"]["retain"]
+    assert sorted(p.name for p in (out / "report").iterdir()) == ["anchor-s1", "donor-s1", "surge-s1", "surge_random-s1"]
+    assert "**SURGE** (chosen)" in (out / "sweep.md").read_text()
+
+    with pytest.raises(SystemExit, match="the donor must be a checkpoint of the anchor's run"):
+        sweep.main([f"best:{run / 'run'}", f"shorter:{tmp_path}", *common, "-o", str(tmp_path / "x")])
+    other = tmp_path / "none_shorter"
+    _cache_validation(other, {1: (0.3, 14.0), 2: (0.6, 12.0)})  # the best checkpoint is also the shortest
+    with pytest.raises(SystemExit, match="no checkpoint of the run answers shorter than the anchor ckpt2"):
+        sweep.main([f"best:{run / 'run'}", f"shorter:{run / 'run'}", *common, "-o", str(other)])
 
 
 def test_eval_loads_a_checkpoint_folder_as_its_model(run):

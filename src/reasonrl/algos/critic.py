@@ -56,11 +56,44 @@ from reasonrl.dataflow import declares
 from reasonrl.params import Range
 from reasonrl.registry import ADVANTAGES
 
-__all__ = ["VALUES_KEY", "RETURNS_KEY", "gae_advantages_and_returns", "gae", "clipped_value_loss"]
+__all__ = ["traced_residuals", "VALUES_KEY", "RETURNS_KEY", "gae_advantages_and_returns", "gae", "clipped_value_loss"]
 
 VALUES_KEY = "values"  # V(s_t) per completion token, [B,T], from the critic at sampling time
 RETURNS_KEY = "returns"  # R_t = A_t + V_t (before whitening), the critic's targets
 Unit = Annotated[float, Range(ge=0, le=1, why="a discount or trace factor lies in [0, 1]")]
+
+
+def traced_residuals(token_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1.0,
+                     lam: float = 1.0, traces: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward recursion of :func:`gae_advantages_and_returns`, unwhitened: (B, c, returns),
+    ``[B, T]`` each, 0 outside the mask. B_t = δ_t + γλ·c_next·B_next is the traced sum before
+    the current token's own trace c_t (c ≡ 1 without ``traces``); returns = c·B + V. A
+    correction that must keep the whole advantage under its weight (COPC: Â = c · whiten(B))
+    needs B itself, not c·B."""
+    if not (token_rewards.shape == values.shape == response_mask.shape) or token_rewards.dim() != 2:
+        raise ValueError(f"token_rewards, values and response_mask must all be [B,T]; got "
+                         f"{tuple(token_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}")
+    if traces is not None and traces.shape != response_mask.shape:
+        raise ValueError(f"traces must be [B,T] like response_mask; got {tuple(traces.shape)}")
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gamma and lam must lie in [0, 1]; got gamma={gamma}, lam={lam}")
+    valid = response_mask.bool()
+    r = torch.where(valid, as_float(token_rewards.detach()), 0.0)
+    v = torch.where(valid, as_float(values.detach()), 0.0)
+    c = torch.ones_like(r) if traces is None else torch.where(valid, as_float(traces.detach()), 0.0)
+    residual = torch.zeros_like(r)
+    next_value = torch.zeros_like(r[:, 0])
+    next_b = torch.zeros_like(r[:, 0])
+    next_c = torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):  # O(T): a closed form would need γλ-powers over gaps
+        step = valid[:, t]
+        b = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_c * next_b
+        next_b = torch.where(step, b, next_b)
+        next_c = torch.where(step, c[:, t], next_c)
+        next_value = torch.where(step, v[:, t], next_value)
+        residual[:, t] = torch.where(step, b, 0.0)
+    returns = torch.where(valid, c * residual + v, 0.0)
+    return residual, c, returns
 
 
 def gae_advantages_and_returns(
@@ -80,29 +113,9 @@ def gae_advantages_and_returns(
     A_t = Σ_l (γλ)^l (Π_{j=1..l} c_{t+j}) c_t δ_{t+l}; c ≡ 1 is plain GAE, and a token with
     c_t = 0 gets A_t = 0 and cuts the trace for the tokens before it. Whitening then runs over
     the tokens with c_t > 0 only (the others carry no policy gradient)."""
-    if not (token_rewards.shape == values.shape == response_mask.shape) or token_rewards.dim() != 2:
-        raise ValueError(f"token_rewards, values and response_mask must all be [B,T]; got "
-                         f"{tuple(token_rewards.shape)}, {tuple(values.shape)}, {tuple(response_mask.shape)}")
-    if traces is not None and traces.shape != response_mask.shape:
-        raise ValueError(f"traces must be [B,T] like response_mask; got {tuple(traces.shape)}")
-    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
-        raise ValueError(f"gamma and lam must lie in [0, 1]; got gamma={gamma}, lam={lam}")
+    residual, c, returns = traced_residuals(token_rewards, values, response_mask, gamma, lam, traces)
     valid = response_mask.bool()
-    r = torch.where(valid, as_float(token_rewards.detach()), 0.0)
-    v = torch.where(valid, as_float(values.detach()), 0.0)
-    c = torch.ones_like(r) if traces is None else torch.where(valid, as_float(traces.detach()), 0.0)
-    advantages = torch.zeros_like(r)
-    next_value = torch.zeros_like(r[:, 0])
-    next_b = torch.zeros_like(r[:, 0])
-    next_c = torch.zeros_like(r[:, 0])
-    for t in reversed(range(r.shape[1])):  # O(T): a closed form would need γλ-powers over gaps
-        step = valid[:, t]
-        b = r[:, t] + gamma * next_value - v[:, t] + gamma * lam * next_c * next_b
-        next_b = torch.where(step, b, next_b)
-        next_c = torch.where(step, c[:, t], next_c)
-        next_value = torch.where(step, v[:, t], next_value)
-        advantages[:, t] = torch.where(step, c[:, t] * b, 0.0)
-    returns = torch.where(valid, advantages + v, 0.0)
+    advantages = torch.where(valid, c * residual, 0.0)
     if whiten:
         live = valid if traces is None else valid & (c > 0)
         advantages = masked_whiten(advantages, live)

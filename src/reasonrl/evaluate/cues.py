@@ -1,6 +1,7 @@
 """Token cues: does prefilling ".\\n\\nOkay" (or any cue) at the start of the answer raise pass@1?
 
-No paper found; the protocol is the one formalised in ``specs/methods-b.md`` §12b (INFERRED):
+No paper found (token cues such as ".\\n\\nOkay" or "Alright," raising base-model pass@1: paper not
+located); the protocol is our formalisation (INFERRED):
 the cue is prefilled as the start of the completion (after the prompt, after a chat
 template's generation prompt), the model continues after it, and the cue is part of the
 text that is parsed and scored. Reported per cue c: Δpass@1(c) = pass@1(c) − pass@1(∅) with

@@ -163,7 +163,14 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None 
     (:func:`reasonrl.evaluate.baseline.compare_to_baseline`, ``bootstrap`` resamples) and
     write its rows to :func:`stats_path`. An unknown baseline raises ``ReportError``
     before any file is written."""
-    runs = [load_run(Path(p)) for p in run_dirs]
+    unique: dict[Path, Path] = {}
+    for p in map(Path, run_dirs):  # overlapping shell globs (`x_s*` also matches `x_long_s*`) name a run twice;
+        if p.resolve() in unique:  # counted twice it would double a group's n and narrow its interval
+            if warn:
+                warn(f"{p}: named more than once; counted once")
+            continue
+        unique[p.resolve()] = p
+    runs = [load_run(p) for p in unique.values()]
     if not runs:
         raise ReportError("report needs at least one run folder")
     for warning in (w for r in runs for w in r.warnings):

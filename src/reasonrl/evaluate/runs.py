@@ -68,12 +68,35 @@ def load_run(path: Path) -> Run:
         planned = recipe.get("train", {}).get("steps", "?")
         warnings.append(f"{path}: no summary.json; the run did not finish (last step logged: {run.last_step} of "
                         f"{planned}); its final evaluation is missing")
+    if summary is not None and "final_eval" not in summary:
+        _final_eval_from_rows(run)
     for eval_file in sorted(path.glob("eval*.json")):
         try:
             run.evals.update(json.loads(eval_file.read_text()))
         except (json.JSONDecodeError, OSError):
             warnings.append(f"{eval_file}: not readable JSON; skipped")
     return run
+
+
+def _final_eval_from_rows(run: Run) -> None:
+    """A finished run whose ``summary.json`` has no ``final_eval`` (a federation written before
+    its server wrote one: its rows are rounds, each with the global model's held-out
+    ``eval/*``): its final evaluation is the last evaluation logged, its base the one at step 0."""
+    evals = sorted(((r.get("step", 0), r) for r in run.rows if any(k.startswith("eval/") for k in r)),
+                   key=lambda item: item[0])
+    if not evals or run.summary is None:
+        return
+
+    def metrics(row: dict[str, Any]) -> dict[str, Any]:
+        return {k[len("eval/"):]: v for k, v in row.items() if k.startswith("eval/")}
+
+    step, last = evals[-1]
+    run.summary["final_eval"] = metrics(last)
+    if evals[0][0] == 0 and len(evals) > 1:
+        run.summary.setdefault("base_eval", metrics(evals[0][1]))
+    run.warnings.append(f"{run.path}: summary.json has no final_eval; the final evaluation is the last one in "
+                        f"metrics.jsonl (step {step}), without per-problem values (the comparison resamples "
+                        f"seeds only)")
 
 
 def unique_labels(runs: list[Run]) -> None:

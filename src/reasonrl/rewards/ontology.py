@@ -1,6 +1,6 @@
 """Controlled clinical vocabularies and a dictionary concept extractor: text → set of concept ids.
 
-The clinical soft verifier (``rewards.clinical``, specs/methods-b.md §9) scores an answer by the
+The clinical soft verifier (``rewards.clinical``, https://arxiv.org/abs/2610.06360) scores an answer by the
 overlap of the concepts it names with the reference's. The paper links entities to UMLS CUIs with
 scispaCy's EntityLinker; UMLS needs a licence and scispaCy's linker downloads a 1 GB knowledge base,
 so the default here is a maintained vocabulary that installs offline from PyPI and ships its data in

@@ -1,5 +1,5 @@
 """Real partial rollouts with a prefix check: ``rollout.source: async``, ``partial: true`` and a
-``rollout.prefix_check`` (RolloutVerify, specs/methods-a.md §9, INFERRED).
+``rollout.prefix_check`` (RollVerify, paper not located, INFERRED).
 
 Without a check, the async sampler loads newer weights between two decode steps and goes on
 from its stale KV cache (``refresh`` in ``sample_completions``). With one, newer weights that

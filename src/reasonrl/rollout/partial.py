@@ -7,7 +7,7 @@ partial rollouts, made reproducible): with ``rollout.simulated_staleness: k`` ea
 first j tokens are sampled by the stale snapshot μ, and every row still running after j tokens
 continues under the learner's current weights π. Rows that ended within j tokens stay as
 sampled (fully stale). At the switch, a ``rollout.prefix_check`` decides each running row's
-stale prefix (RolloutVerify, specs/methods-a.md §9, INFERRED; math in ``reasonrl.methods.rollverify.maths``):
+stale prefix (RollVerify, paper not located, INFERRED; math in ``reasonrl.methods.rollverify.maths``):
 
 - ``keep``: continue from the whole prefix; its tokens keep μ's log-probs and version;
 - ``discard``: regenerate every running row from its prompt under π;

@@ -1,4 +1,5 @@
-"""SLM–LLM advisor collaboration under a call budget (``specs/methods-b.md`` §11): the
+"""SLM–LLM advisor collaboration under a call budget (paper: "Learning to Ask: Information Acquisition for
+SLM-LLM Collaboration, under a budget", https://arxiv.org/abs/2610.01236): the
 ``Advisor`` interface and its registry (``advisors``, ``openai_chat``), the ``advisor``
 environment and the ``arithmetic_advisor`` task (``env``). See ``docs/methods/advisor.md``."""
 

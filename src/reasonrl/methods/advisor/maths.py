@@ -1,6 +1,6 @@
 """The information gain of an advisor's answer, as pure tensor math: stage 2 of "Learning to Ask:
 Information Acquisition for SLM-LLM Collaboration, under a budget" (Kim, Li, Lee; arXiv
-2610.01236; specs/methods-b.md §11). Formalised from the abstract: the spec's reward is INFERRED,
+2610.01236, https://arxiv.org/abs/2610.01236). Formalised from the abstract: the reward is INFERRED,
 and so is everything below that the spec leaves open. The model side (the teacher-forced
 forwards with and without the advice) is ``reasonrl.methods.advisor.method``.
 
@@ -15,7 +15,7 @@ place of its own final answer (teacher-forced), with the advice tokens visible (
 
     ℓ_j          = log π(y_j | x, y_<j)                 (float32, no gradient)
     sequence:    p = exp( Σ_j ℓ_j )                     (default: the probability of writing y*)
-    token_mean:  p = (1/m) Σ_j exp(ℓ_j)                 (RLCPR's mean token probability, §7)
+    token_mean:  p = (1/m) Σ_j exp(ℓ_j)                 (RLCPR's mean token probability)
     gain         = g · (p_with − p_without),   g = 1[correct] when gated, else 1
     r            = η · gain                             (added to the reward; 0 for rows without advice)
 

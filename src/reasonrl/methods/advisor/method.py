@@ -1,5 +1,5 @@
 """Stage 2 of the student–advisor method: the information gain of the advice, on the method hooks
-(specs/methods-b.md §11, arXiv 2610.01236; ``docs/methods/advisor.md``). The pure math is
+("Learning to Ask", https://arxiv.org/abs/2610.01236; ``docs/methods/advisor.md``). The pure math is
 ``reasonrl.methods.advisor.maths``; the forward with a channel hidden is the one ``necessity_reward``
 uses (``methods.channel_mask.masked_logprobs``).
 

@@ -1,6 +1,6 @@
 """AURAL-RL's concise-reasoning reward and its mixed-quality group filter.
 
-AURAL (arXiv 2610.01560, Wang et al.; the equations as quoted in ``specs/methods-b.md``)
+AURAL (arXiv 2610.01560, https://arxiv.org/abs/2610.01560, Wang et al.; the equations as quoted in a paper note)
 trains latent reasoning for speech LLMs with a reward that pays for a right answer, and pays
 more for a right answer reached in fewer reasoning steps::
 

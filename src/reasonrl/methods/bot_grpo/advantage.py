@@ -1,6 +1,6 @@
 """BoT-GRPO: group-relative advantages over the bag of a group's tokens.
 
-Formalised from the spec (paper not available): ``specs/methods-a.md`` §10,
+Paper: BoT-GRPO ("bag-of-tokens advantage"); paper not located; formalised from its abstract,
 confidence INFERRED. Related work: λ-GRPO, GTPO / GRPO-S (arXiv 2508.04349).
 
 All tokens of a group's responses are pooled into one bag; token (i, t) carries its
@@ -27,9 +27,13 @@ __all__ = [
     "bag_weights",
     "bot_grpo",
     "bot_token_rewards",
+    "DENSE_REDUCTIONS",
+    "grpo_dense",
+    "sequence_dense_scores",
 ]
 
 BOT_STDS = ("population", "unbiased")
+DENSE_REDUCTIONS = ("sum", "mean")
 
 
 def bag_weights(response_mask: Tensor) -> Tensor:
@@ -83,7 +87,7 @@ def bag_of_tokens_advantages(
 ) -> Tensor:
     """BoT-GRPO advantage Â_{i,t} = (r_{i,t} − μ_w) / (σ_w + eps), zero outside the mask.
 
-    Formalised from the spec (paper not available): specs/methods-a.md §10. ``token_rewards``
+    Formalised from the abstract (BoT-GRPO; paper not located). ``token_rewards``
     holds r_{i,t} on every valid token (not the outcome-on-the-last-token convention);
     μ_w, σ_w are the inverse-length-weighted statistics of the group's bag of tokens
     (:func:`bag_stats`). With r_{i,t} = R_i on all of response i's tokens:
@@ -148,7 +152,7 @@ def bot_grpo(
     eps: float = 1e-6,
     outcome_weight: float = 1.0,
 ) -> Tensor:
-    """BoT-GRPO (formalised from the spec (paper not available), specs/methods-a.md §10).
+    """BoT-GRPO (paper not located; formalised from its abstract, INFERRED).
 
     Token rewards from :func:`bot_token_rewards` (``batch.dense_rewards`` when the recipe
     has a ``token_reward``, plus ``outcome_weight`` times the broadcast outcome; else the
@@ -173,3 +177,80 @@ def bot_grpo(
     truncated = getattr(batch, "truncated", None)
     rewards = bot_token_rewards(token_rewards, response_mask, dense, truncated, float(outcome_weight))
     return bag_of_tokens_advantages(rewards, response_mask, group_ids, std=std, eps=float(eps))
+
+
+def sequence_dense_scores(token_rewards: Tensor, response_mask: Tensor, reduce: str = "sum") -> Tensor:
+    """One score per response from per-token rewards r_{i,t}, shape [B]:
+
+    - ``reduce="sum"``:  s_i = Σ_t r_{i,t};
+    - ``reduce="mean"``: s_i = (1/T_i) Σ_t r_{i,t} = r̄_i, the per-response mean that BoT's μ_w
+      averages (0 for a response with no valid token).
+    """
+    if reduce not in DENSE_REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduce!r}; allowed: {', '.join(DENSE_REDUCTIONS)}")
+    valid = response_mask.bool()
+    r = torch.where(valid, as_float(token_rewards.detach()), 0.0)
+    total = r.sum(-1)
+    return total if reduce == "sum" else total / mask_count(valid, dim=-1).clamp_min(1.0)
+
+
+@ADVANTAGES.register("grpo_dense")
+def grpo_dense(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    batch=None,
+    reduce: str = "sum",
+    std: str = "unbiased",
+    eps: float = 1e-6,
+    outcome_weight: float = 1.0,
+) -> Tensor:
+    """GRPO on BoT-GRPO's own token rewards, reduced to one score per response: the
+    sequence-level control for ``bot_grpo`` with a ``token_reward`` (same information, credit per
+    response instead of per token).
+
+    r_{i,t} are exactly the rewards ``bot_grpo`` pools (:func:`bot_token_rewards`: the dense
+    process reward with the terminator rule, plus ``outcome_weight`` · R_i on every token);
+    s_i = :func:`sequence_dense_scores` (``reduce``: ``sum`` or ``mean``), and
+
+        A_{i,t} = (s_i − mean_g s) / (std_g s + eps)   on every valid token of response i,
+
+    with the group std unbiased (``std: unbiased``, our ``grpo`` and verl
+    ``compute_grpo_outcome_advantage``) or population (``std: population``, ``bot_grpo``'s
+    default). A group with fewer than two non-empty responses gets 0. With a reward constant along
+    each response and ``reduce: mean`` this is ``bot_grpo`` with the same ``std`` (tested): the two
+    differ only where rewards vary within a response, i.e. in token-level credit.
+
+    Requires a recipe ``token_reward`` (checked at load); a baseline of the BoT-GRPO comparison,
+    not a method of its own (docs/methods/bot_grpo.md, "Controls").
+    """
+    if reduce not in DENSE_REDUCTIONS:
+        raise ValueError(f"advantage.reduce must be one of {', '.join(DENSE_REDUCTIONS)}; got {reduce!r}")
+    if std not in BOT_STDS:
+        raise ValueError(f"advantage.std must be one of {', '.join(BOT_STDS)}; got {std!r}")
+    if isinstance(outcome_weight, bool) or not isinstance(outcome_weight, (int, float)):
+        raise TypeError(f"advantage.outcome_weight must be a number, got {outcome_weight!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"advantage.eps must be a number >= 0, got {eps!r}")
+    check_shapes(token_rewards, response_mask, group_ids)
+    dense = getattr(batch, "dense_rewards", None)
+    if dense is None:
+        raise ValueError("advantage 'grpo_dense' needs dense rewards: add a token_reward to the recipe "
+                         "(e.g. token_reward: {name: arithmetic_steps})")
+    rewards = bot_token_rewards(token_rewards, response_mask, dense, getattr(batch, "truncated", None),
+                                float(outcome_weight))
+    scores = sequence_dense_scores(rewards, response_mask, reduce)
+    # A response's score on each of its tokens: bag_stats then gives the group's mean and std of s
+    # (each response weighs 1), so both std conventions share bot_grpo's code.
+    return bag_of_tokens_advantages(broadcast(scores, response_mask), response_mask, group_ids,
+                                    std=std, eps=float(eps))
+
+
+def _check_grpo_dense(recipe, need) -> None:
+    need(recipe.token_reward is not None,
+         "advantage 'grpo_dense' sums a token-level reward per response: add a token_reward "
+         "(e.g. token_reward: {name: arithmetic_steps}), or use advantage 'grpo' for the outcome alone")
+
+
+grpo_dense.check_recipe = _check_grpo_dense

@@ -7,8 +7,8 @@ a group that repeats the easiest label earns full reward, so GRPO has no
 reason to spread the group over Y. The coverage reward couples the rollouts so
 that the group's reward sum counts DISTINCT correct labels.
 
-Formalised from the spec (paper not available): ``specs/methods-a.md`` §8 marks
-the coverage reward INFERRED (the CARing code was not indexed), so every
+Paper: CARing ("coverage reward for multi-label prediction with semantic IDs"); paper not located;
+formalised from its abstract. The coverage reward is INFERRED (the CARing code was not indexed), so every
 formula and default here is our reading of the abstract, not the paper's.
 
 Unparsable output (and truncated output: a partial label) never counts: it

@@ -4,7 +4,7 @@ A label vocabulary (ICD codes) gets compositional IDs: each label's text is embe
 embeddings are quantised by L residual codebooks of K codes, and label i's ID is its code
 tuple (c¹, …, c^L), written as the tokens ``<a_c¹><b_c²><c_c³>``. Labels with similar text
 share ID prefixes, so a model can generalise along the hierarchy. Source: SIDReasoner
-(arXiv 2603.23183; ``specs/methods-a.md`` §8, PARTIAL-VERIFIED from its ``sid_manifest.json``).
+(https://arxiv.org/abs/2603.23183; github.com/zmlxzyh/SIDReasoner, PARTIAL-VERIFIED from its ``sid_manifest.json``).
 
 Differences from the source, all ours:
 
@@ -237,7 +237,7 @@ def weighted_f1(ranked_lists: Sequence[Sequence[Hashable]], gold_sets: Sequence[
     """Oracle-cardinality weighted F1 over a corpus: sample i predicts P_i = top-|Y_i| of its
     ranked list; per label ℓ, F1_ℓ = 2TP/(2TP + FP + FN) over samples; the mean of F1_ℓ weighted
     by its support |{i : ℓ ∈ Y_i}| (scikit-learn's ``average="weighted"``, so labels only ever
-    predicted weigh 0). The metric of SIDReasoner's setup (spec §8 (d)); the label-support
+    predicted weigh 0). The metric of SIDReasoner's setup; the label-support
     weighting is INFERRED from the name."""
     if len(ranked_lists) != len(gold_sets) or not gold_sets:
         raise ValueError(f"weighted_f1: need as many ranked lists as gold sets (>= 1), got "

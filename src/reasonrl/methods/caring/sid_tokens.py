@@ -1,5 +1,5 @@
 """Semantic-ID tokens in a policy's tokenizer and embedding matrix, and the alignment SFT
-(CARing / SIDReasoner stage 1, ``specs/methods-a.md`` §8 (b) steps 1–2).
+(CARing / SIDReasoner stage 1; SIDReasoner: https://arxiv.org/abs/2603.23183, github.com/zmlxzyh/SIDReasoner).
 
 ``add_sid_tokens`` adds the L·K tokens ``<a_0>…`` to a Hugging Face tokenizer as ordinary
 (not special) added tokens, so each encodes to ONE id and decoding with

@@ -1,6 +1,6 @@
 """CERO, Cross-Epoch Adaptive Rollout Optimization (arXiv 2606.05606): the pure parts.
 
-Confidence PARTIAL (``specs/methods-a.md`` §11): the components (a Beta posterior per prompt, the
+Confidence PARTIAL (https://arxiv.org/abs/2606.05606, abstract only): the components (a Beta posterior per prompt, the
 posterior expected Bernoulli variance as the value of more rollouts, a concave saturating utility
 of cumulative exposure, a Fenchel-dual reformulation solved by projected online gradient descent on
 prompt slopes and a budget price) are from the abstract; every exact form below is INFERRED.

@@ -6,7 +6,16 @@ function of the task, ``pool_size`` and ``pool_seed``: the two samplers see the 
 
 ``pool``: the uniform baseline, epochs over the pool in a fresh seeded order each epoch (a
 shuffled data loader), ``count`` problems per call; with dynamic sampling its top-up rounds go on
-down the same order.
+down the same order. With ``total_rollouts`` (B) it never samples more than B rows over the run,
+counting every sampled row, the groups dynamic sampling drops included (what CERO's budget counts):
+round r of step k (R = ``rounds_per_step`` rounds a step, K steps) gets
+
+    min(count, ⌊(B − spent − G·((R − r − 1) + R·(K − k − 1))) / G⌋)   problems,
+
+i.e. every round still to come, of this step and of each later step, keeps one group in reserve,
+so every round the pipeline asks for gets at least one group and the total never exceeds B
+(B ≥ G·R·K is checked at load). It is a hard cap, not a pacing rule: a run that would spend less
+than B is untouched, one that would spend more has its last rounds cut.
 
 ``cero`` (arXiv 2606.05606, INFERRED forms; ``methods/cero/maths.py``, ``docs/methods/cero.md``): each
 prompt has a Beta posterior of its success rate, whose expected Bernoulli variance v_i is the
@@ -64,21 +73,76 @@ def finite_pool(task: Any, size: int, seed: int) -> list[Problem]:
 class PoolSampler(PromptSampler):
     """Uniform epochs over a finite pool (the baseline for ``cero``; see the module docstring)."""
 
-    def __init__(self, task: Any, seed: int = 0, pool_size: PoolSize = 256, pool_seed: int = 0) -> None:
+    def __init__(self, task: Any, seed: int = 0, pool_size: PoolSize = 256, pool_seed: int = 0, *,
+                 total_steps: int = 1, group_size: int = 1,
+                 total_rollouts: Annotated[int, Range(ge=1, why="the run's rollout budget B, in rows")] | None = None,
+                 rounds_per_step: Annotated[int, Range(ge=1, why="rollout.max_sampling_rounds")] = 1) -> None:
         """``pool_size``: the number of distinct problems; ``pool_seed``: which ones (the data
-        set; independent of the training seed, so seeds vary training, not data)."""
+        set; independent of the training seed, so seeds vary training, not data).
+        ``total_rollouts``: an optional hard budget B in sampled rows over the run (module
+        docstring); ``rounds_per_step``: the sampling rounds a step may take (R; with dynamic
+        sampling ``rollout.max_sampling_rounds``, else 1: checked at load). ``total_steps`` (K)
+        and ``group_size`` (G) come from ``train.steps`` and ``rollout.num_generations``."""
         super().__init__(task, seed)
+        if total_rollouts is not None:
+            self.check_budget(total_rollouts, total_steps, group_size, rounds_per_step)
+        self.K, self.G, self.B, self.R = total_steps, group_size, total_rollouts, rounds_per_step
         self.pool = finite_pool(task, pool_size, pool_seed)
         self.cursor = 0  # problems handed out so far
         self.seen: set[int] = set()
         self.rollouts = 0  # rows sampled so far: the DAPO arm's spend, against CERO's budget
         self.contrast: list[float] = []
+        self.capped = 0  # rounds that got fewer problems than asked because of the budget
+
+    @staticmethod
+    def check_budget(total_rollouts: int, total_steps: int, group_size: int, rounds: int) -> None:
+        if total_rollouts < group_size * rounds * total_steps:
+            raise ValueError(f"sampler.total_rollouts={total_rollouts} cannot keep one group for every sampling round: "
+                             f"rollout.num_generations ({group_size}) × rounds_per_step ({rounds}) × train.steps "
+                             f"({total_steps}) = {group_size * rounds * total_steps}")
+
+    @classmethod
+    def check_recipe(cls, recipe: Any, need: Any) -> None:
+        """Load-time rules of the budget: ``rounds_per_step`` is the rounds a step may really take,
+        and B affords one group for each of them."""
+        params = recipe.sampler.params
+        if params.get("total_rollouts") is None:
+            need("rounds_per_step" not in params,
+                 "sampler 'pool': rounds_per_step only applies with total_rollouts (a budget)")
+            return
+        rounds = recipe.rollout.max_sampling_rounds if recipe.rollout.dynamic_sampling else 1
+        need(params.get("rounds_per_step", 1) == rounds,
+             f"sampler 'pool' with total_rollouts keeps one group in reserve for every sampling round, so "
+             f"rounds_per_step must be the rounds a step may take: {rounds} (rollout.dynamic_sampling="
+             f"{str(recipe.rollout.dynamic_sampling).lower()}, max_sampling_rounds={recipe.rollout.max_sampling_rounds}); "
+             f"got {params.get('rounds_per_step', 1)}")
+        try:
+            cls.check_budget(params["total_rollouts"], recipe.train.steps, recipe.rollout.num_generations, rounds)
+        except ValueError as exc:
+            need(False, str(exc))
+
+    def affordable(self, step: int, round: int) -> int:
+        """The most problems round ``round`` of step ``step`` may get under the budget: what is left
+        after one group is kept for every round still to come (this step's and the later steps')."""
+        later = (self.R - round - 1) + self.R * max(0, self.K - step - 1)
+        return (self.B - self.rollouts - self.G * later) // self.G
 
     def _order(self, epoch: int) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(len(self.pool), generator=g).tolist()
 
     def problems(self, step: int, count: int, round: int = 0) -> list[Problem]:
+        if self.B is not None:
+            if round >= self.R:
+                raise ValueError(f"sampler 'pool': asked for sampling round {round + 1} of step {step} but "
+                                 f"rounds_per_step is {self.R}; set it to rollout.max_sampling_rounds")
+            cap = self.affordable(step, round)
+            if cap < 1:  # unreachable when the recipe's steps and rounds are the sampler's
+                raise ValueError(f"sampler 'pool': the budget total_rollouts={self.B} is spent at step {step} "
+                                 f"(planned {self.K} steps of at most {self.R} rounds)")
+            if cap < count:
+                self.capped += 1
+                count = cap
         out, order, epoch = [], None, -1
         for position in range(self.cursor, self.cursor + count):
             if position // len(self.pool) != epoch:
@@ -96,17 +160,21 @@ class PoolSampler(PromptSampler):
 
     def metrics(self) -> dict[str, float]:
         # pool/contrast: the last round's mean within-group reward std (cero/contrast_admitted's twin).
-        return {"pool/epochs": self.cursor / len(self.pool), "pool/distinct_seen": float(len(self.seen)),
-                "pool/rollouts": float(self.rollouts),
-                "pool/contrast": sum(self.contrast) / len(self.contrast) if self.contrast else 0.0}
+        out = {"pool/epochs": self.cursor / len(self.pool), "pool/distinct_seen": float(len(self.seen)),
+               "pool/rollouts": float(self.rollouts),
+               "pool/contrast": sum(self.contrast) / len(self.contrast) if self.contrast else 0.0}
+        if self.B is not None:  # the budget's state: rows left and the rounds it has cut so far
+            out.update({"pool/budget_left": float(self.B - self.rollouts), "pool/capped_rounds": float(self.capped)})
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"cursor": self.cursor, "seen": sorted(self.seen), "rollouts": self.rollouts,
-                "pool": [p.prompt for p in self.pool]}
+                "pool": [p.prompt for p in self.pool], "capped": self.capped}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_pool(self.pool, state["pool"])
         self.cursor, self.seen, self.rollouts = state["cursor"], set(state["seen"]), state["rollouts"]
+        self.capped = state.get("capped", 0)  # absent from checkpoints written before the budget
 
 
 def _check_pool(pool: list[Problem], saved: list[str]) -> None:

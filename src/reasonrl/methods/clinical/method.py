@@ -1,5 +1,5 @@
-"""The clinical soft verifier's entropy-normalised judge, α·J̃ of Eq. 1 (specs/methods-b.md §9;
-arXiv 2610.06360; the normalisation is INFERRED by the spec from the abstract).
+"""The clinical soft verifier's entropy-normalised judge, α·J̃ of Eq. 1 (paper: "Ontology Concept
+Overlap as a Training Signal", https://arxiv.org/abs/2610.06360; the normalisation is INFERRED from the abstract).
 
 A frozen judge model reads a grading prompt (the question, the reference, the candidate answer)
 and the next-token distribution over its K score tokens ("1".."K") is read, not sampled::

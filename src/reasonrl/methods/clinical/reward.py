@@ -1,7 +1,7 @@
-"""The clinical soft verifier's reward terms and metrics (specs/methods-b.md §9; arXiv 2610.06360,
+"""The clinical soft verifier's reward terms and metrics (https://arxiv.org/abs/2610.06360,
 Tanna & Jindal, "Ontology Concept Overlap as a Training Signal: Knowledge-Grounded Reinforcement
 Learning for Clinical Question Answering"). The abstract and Fig. 1 caption are verified; the term
-weights' mapping, the judge normalisation and the consistency penalty are INFERRED by the spec.
+weights' mapping, the judge normalisation and the consistency penalty are INFERRED.
 
     R(y) = α·J̃(y) + β·F1_CUI(y, y*) − γ·P_cons(y),   α = 0.6, β = 0.3, γ = 0.1        (Eq. 1)
 
@@ -125,7 +125,7 @@ def padding_penalty(text: str, max_words: int, fillers: Sequence[str] = DEFAULT_
 def consistency_penalty(completion: str, problem: Problem, *, n: Annotated[int, Range(ge=1)] = 3,
                         max_words: Annotated[int, Range(ge=1)] = 64, fillers: list[str] | None = None,
                         **_) -> float:
-    """P_cons = clip(rep_n(y) + pad(y), 0, 1) (specs/methods-b.md §9, INFERRED): repeated n-grams
+    """P_cons = clip(rep_n(y) + pad(y), 0, 1) (INFERRED from the abstract): repeated n-grams
     (:func:`repeated_ngram_fraction` over SQuAD-normalised words) plus filler and length beyond
     ``max_words`` (:func:`padding_penalty`). A penalty in [0, 1]: give it a negative weight (−γ)."""
     words = normalise_answer(completion).split()

@@ -1,5 +1,5 @@
 """A small clinical-style QA task built from a controlled vocabulary, so it runs offline: the test
-bed of the clinical soft verifier (``rewards.clinical``; specs/methods-b.md §9).
+bed of the clinical soft verifier (``rewards.clinical``; https://arxiv.org/abs/2610.06360).
 
 Every question is made from the vocabulary's codes, names, synonyms and hierarchy
 (``rewards.ontology``: ``builtin`` or ICD-10-CM), in four forms (``problem.meta["form"]``)::

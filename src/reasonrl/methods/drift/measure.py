@@ -1,9 +1,9 @@
 """Language drift of the chain of thought: its perplexity under a frozen reference model, and
 how well a reader model answers from another model's truncated chain of thought.
 
-Source: arXiv 2610.02015, "On Language Drift during RLVR Post-Training" (Sullivan & Koller).
-The paper measures CoT readability; these two proxies are INFERRED from its summary
-(``specs/methods-b.md`` §12a):
+Source: arXiv 2610.02015, "On Language Drift during RLVR Post-Training" (Sullivan & Koller;
+https://arxiv.org/abs/2610.02015).
+The paper measures CoT readability; these two proxies are INFERRED from its summary:
 
 - **Reference perplexity** of a completion's reasoning span z (its tokens before the answer
   marker, ``####`` by default) given the prompt x, under a frozen reference model p_ref (by

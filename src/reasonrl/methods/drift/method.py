@@ -1,8 +1,8 @@
 """Language drift of the chain of thought, logged during training: the perplexity of the batch's
 reasoning spans under a frozen reference model (by default the run's initial weights).
 
-Source: arXiv 2610.02015 (Sullivan & Koller, "On Language Drift during RLVR Post-Training");
-the metric is INFERRED (``specs/methods-b.md`` §12a), defined in ``reasonrl.methods.drift.measure``:
+Source: arXiv 2610.02015 (Sullivan & Koller, "On Language Drift during RLVR Post-Training",
+https://arxiv.org/abs/2610.02015); the metric is INFERRED, defined in ``reasonrl.methods.drift.measure``:
 
     D(z) = −(1/|z|) Σ_t log p_ref(z_t | x, z_<t)     over the tokens z before the answer marker
 

@@ -1,7 +1,7 @@
 """Novelty of correct solutions, the explorer's bonus, and the filter of ExpDis.
 
-Formalised from the spec (no paper found): ``specs/methods-a.md`` §7 (ExpDis,
-Exploration–Distillation), confidence INFERRED. Verified neighbours: ExTra (arXiv 2606.24994)
+Paper: "ExpDis: Exploration–Distillation"; paper not located; formalised from its abstract,
+confidence INFERRED. Verified neighbours: ExTra (arXiv 2606.24994)
 adds an embedding-novelty bonus *after* GRPO normalisation; outcome-based exploration
 (Song et al., arXiv 2509.06941) uses a count bonus 1/sqrt(1 + n) on rarely seen final answers.
 
@@ -115,7 +115,7 @@ def novelty_advantages(base_advantages: Tensor, novelty_: Tensor, correct: Tenso
     added after the base estimator's (group) normalisation, as ExTra adds its novelty bonus
     (arXiv 2606.24994), so the bonus keeps its scale whatever the group's reward spread, and an
     all-correct group (zero GRPO advantage) still learns which of its solutions are new.
-    ``beta = 0`` returns the base advantages exactly. Formalised from the spec (specs/methods-a.md §7).
+    ``beta = 0`` returns the base advantages exactly. Formalised from the abstract (ExpDis).
     """
     if base_advantages.dim() != 2 or base_advantages.shape != response_mask.shape:
         raise ValueError(f"base_advantages and response_mask must both be [B,T]; got "
@@ -204,7 +204,7 @@ def novelty(
     after its normalisation, Â = A^base + β·N(y)·1[R(y)=1] (:func:`novelty_advantages`).
 
     N and 1[R=1] are read from ``batch.aux`` (written by the ``novelty_memory`` method's
-    ``annotate``). Formalised from the spec (specs/methods-a.md §7; no paper found).
+    ``annotate``). Formalised from the abstract (ExpDis; paper not located).
     """
     _check_beta(beta)
     aux = getattr(batch, "aux", None) or {}

@@ -1,6 +1,6 @@
 """ExpDis (Exploration–Distillation): rounds of explore → filter → distil (→ plain GRPO).
 
-Formalised from the spec (no paper found): ``specs/methods-a.md`` §7, confidence INFERRED;
+Paper: "ExpDis: Exploration–Distillation"; paper not located; formalised from its abstract, confidence INFERRED;
 ``docs/methods/expdis.md`` is the method page. Round r with student θ_r:
 
 1. K explorers φ_k ← θ_r, one after another, each a ``Trainer`` run of S = ``train.steps``

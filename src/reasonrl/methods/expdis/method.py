@@ -1,6 +1,6 @@
 """``novelty_memory``: the ExpDis explorer's memory of correct solutions, on the method hooks.
 
-Formalised from the spec (no paper found): ``specs/methods-a.md`` §7, confidence INFERRED;
+Paper: "ExpDis: Exploration–Distillation"; paper not located; formalised from its abstract, confidence INFERRED;
 the maths is in ``reasonrl.methods.expdis.advantage``, the round loop in ``reasonrl.methods.expdis.loop`` and the
 method page in ``docs/methods/expdis.md``. Named in the recipe's ``methods:`` list together
 with the ``novelty`` advantage::

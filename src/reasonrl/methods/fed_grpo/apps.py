@@ -9,10 +9,17 @@
   JSON) and the output folder from the run config, and the client's index and state folder from
   its node config (``partition-id``, Flower's convention, and ``state-dir``).
 
-The server's output folder holds ``recipe.json``, ``metrics.jsonl`` (one row per round: the
-global model's held-out accuracy, S_c, w_c, R̄, bytes; ``reasonrl report`` reads it),
-``final_model/``, ``summary.json`` and ``server_state.pt`` (the last finished round, for
-``--resume``); each client keeps its own state in its own folder.
+A ClientApp answers two messages a round: ``train`` (``client_train``: the local steps; replies
+with the round's scalars) and ``query`` (``client_send``: the update at the budget the server
+allocated; replies with the sparse update).
+
+The server's output folder holds ``recipe.json``, ``metrics.jsonl`` (one row per round, step =
+round, round 0 the initial model: the global model's held-out ``eval/*``, S_c, w_c, budgets, R̄,
+bytes), ``final_model/``, ``summary.json`` (the keys a training run's summary has —
+``final_eval`` is the global model's held-out evaluation after the last round, with its
+intervals and per-problem values, ``base_eval`` round 0's — so ``reasonrl report`` reads the
+folder as a run, plus the rounds' accuracy and bytes) and ``server_state.pt`` (the last finished
+round, for ``--resume``); each client keeps its own state in its own folder.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,15 +40,16 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from reasonrl.recipe import recipe_from_dict
 
 from reasonrl.sections import Recipe  # noqa: E402
-from reasonrl.methods.fed_grpo.client import FedClient, RoundResult, STATE_FILE, fed_settings, recipe_fingerprint  # noqa: E402
-from reasonrl.methods.fed_grpo.codec import Layout  # noqa: E402
+from reasonrl.methods.fed_grpo.client import (FedClient, RoundResult, STATE_FILE, fed_settings,  # noqa: E402
+                                              recipe_fingerprint, send_saved)
+from reasonrl.methods.fed_grpo.codec import Layout, SparseUpdate  # noqa: E402
 from reasonrl.methods.fed_grpo.strategy import FedGRPOStrategy  # noqa: E402
 from reasonrl.fsutil import atomic_write_text  # noqa: E402
 from reasonrl.isolation.parent_watch import watch_parent  # noqa: E402
 from reasonrl.train.checkpoint import load_state, save_state  # noqa: E402
 
-__all__ = ["simulate", "run_server", "client_train", "reply_content", "make_server_app", "make_client_app",
-           "server_app", "client_app"]
+__all__ = ["simulate", "run_server", "client_train", "client_send", "reply_content", "update_content",
+           "make_server_app", "make_client_app", "server_app", "client_app"]
 
 RECIPE_KEY, OUT_KEY = "recipe-json", "out"
 SERVER_STATE = "server_state.pt"
@@ -79,6 +88,10 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
     atomic_write_text(out / "recipe.json", json.dumps(recipe.to_dict(), indent=1))
     fingerprint, state_path = recipe_fingerprint(recipe), out / SERVER_STATE
     evals: dict[int, dict[str, float]] = {}
+    # round -> (intervals, per-problem values) of the first and the latest evaluation: the
+    # summary's base_eval_ci / final_eval_ci and *_per_problem, as a training run writes them
+    details: dict[int, tuple[dict, dict]] = {}
+    wall_before, started = 0.0, time.perf_counter()
     start = policy.weights()
     if state_path.is_file():
         state = load_state(state_path)  # tensors and plain data only: the file runs no code
@@ -86,6 +99,7 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
             raise ValueError(f"{state_path} belongs to another federation (its recipe differs from {out}/recipe.json)")
         strategy.round_offset, strategy.global_reward = state["round"], state["global_reward"]
         strategy.round_metrics, evals, start = state["round_metrics"], state["evals"], state["arrays"]
+        details, wall_before = state.get("details", {}), state.get("wall_seconds", 0.0)
         log(f"resuming after round {strategy.round_offset} of {fed['rounds']}")
     done = strategy.round_offset
     writer = MetricsWriter(out, resume_step=done + 1 if done else None)
@@ -98,15 +112,22 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
         weights = arrays.to_torch_state_dict()
         latest[0] = weights
         policy.set_weights(weights)
-        metrics = evaluator(policy).metrics if evaluator.problems else {}
+        result = evaluator(policy) if evaluator.problems else None
+        metrics = result.metrics if result is not None else {}
         evals[rnd] = metrics
+        if result is not None:
+            kept = {r: d for r, d in details.items() if r == 0}
+            details.clear()
+            details.update(kept)
+            details[rnd] = ({k: list(v) for k, v in result.intervals.items()}, dict(result.per_problem))
         row = {f"eval/{k}": v for k, v in metrics.items()}
         row.update({f"fed/{k}": v for k, v in strategy.round_metrics.get(rnd, {}).items()})
         writer.write(rnd, row)
         if rnd > 0:
             save_state(state_path, {"round": rnd, "arrays": weights, "global_reward": strategy.global_reward,
                                     "evals": evals, "round_metrics": strategy.round_metrics,
-                                    "federation": fingerprint})
+                                    "federation": fingerprint, "details": details,
+                                    "wall_seconds": wall_before + time.perf_counter() - started})
         log(f"round {rnd}: held-out accuracy {metrics.get('accuracy', float('nan')):.3f}")
         return MetricRecord({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
 
@@ -117,9 +138,20 @@ def run_server(grid: Grid, recipe: Recipe, out: str | Path, log: Callable[[str],
         writer.close()
     policy.set_weights(latest[0])
     policy.save(out / "final_model")
-    summary = {"run_dir": str(out), "rounds": fed["rounds"], "clients": fed["clients"],
+    last = fed["rounds"]
+    base_ci, base_pp = details.get(0, ({}, {}))
+    final_ci, final_pp = details.get(last, ({}, {}))
+    # The keys a training run's summary has (what `reasonrl report` reads: the final global
+    # model's held-out evaluation is the run's final evaluation), then the federation's own.
+    summary = {"run_dir": str(out), "steps": last,
                "base_accuracy": evals.get(0, {}).get("accuracy"),
-               "final_accuracy": evals.get(fed["rounds"], {}).get("accuracy"),
+               "final_accuracy": evals.get(last, {}).get("accuracy"),
+               "base_eval": {k: finite_or_none(v) for k, v in evals.get(0, {}).items()},
+               "final_eval": {k: finite_or_none(v) for k, v in evals.get(last, {}).items()},
+               "base_eval_ci": base_ci, "final_eval_ci": final_ci,
+               "base_eval_per_problem": base_pp, "final_eval_per_problem": final_pp,
+               "wall_seconds": round(wall_before + time.perf_counter() - started, 2),
+               "rounds": last, "clients": fed["clients"],
                "accuracy_by_round": {r: finite_or_none(m.get("accuracy")) for r, m in sorted(evals.items())},
                "bytes_by_round": {r: m.get("bytes/total") for r, m in sorted(strategy.round_metrics.items())}}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
@@ -132,9 +164,8 @@ _CLIENTS: dict[str, tuple[FedClient, int]] = {}
 
 
 def client_train(msg: Message, context: Context, recipe_dict: dict, out: str | Path) -> Message:
-    cid = int(context.node_config["partition-id"])
-    state_dir = Path(str(context.node_config.get("state-dir") or Path(out) / "clients" / f"client_{cid}"))
-    key, state_file = str(state_dir.resolve()), state_dir / STATE_FILE
+    """A ``train`` message: the round's local steps; the reply is the round's scalars only."""
+    cid, state_dir, key, state_file = _client_paths(context, out)
     config = msg.content["config"]
     rnd = int(config["server-round"])
     cached = _CLIENTS.pop(key, None)
@@ -152,13 +183,41 @@ def client_train(msg: Message, context: Context, recipe_dict: dict, out: str | P
     return Message(reply_content(result, cid), reply_to=msg)
 
 
+def client_send(msg: Message, context: Context, recipe_dict: dict, out: str | Path) -> Message:
+    """A ``query`` message (the round's second half): its ``budget`` entries of the pending update."""
+    cid, state_dir, key, state_file = _client_paths(context, out)
+    config = msg.content["config"]
+    rnd, budget = int(config["server-round"]), int(config["budget"])
+    cached = _CLIENTS.pop(key, None)
+    mtime = state_file.stat().st_mtime_ns if state_file.is_file() else 0
+    if cached is not None and cached[1] == mtime and cached[0].round == rnd:
+        update = cached[0].send(budget, rnd)
+        _CLIENTS[key] = (cached[0], state_file.stat().st_mtime_ns)
+    else:  # a deployed client's fresh process: the state file alone, no Trainer
+        if cached is not None:
+            cached[0].close()
+        update = send_saved(recipe_from_dict(recipe_dict, "the federated recipe"), state_dir, budget, rnd)
+    return Message(update_content(update, cid), reply_to=msg)
+
+
+def _client_paths(context: Context, out: str | Path) -> tuple[int, Path, str, Path]:
+    cid = int(context.node_config["partition-id"])
+    state_dir = Path(str(context.node_config.get("state-dir") or Path(out) / "clients" / f"client_{cid}"))
+    return cid, state_dir, str(state_dir.resolve()), state_dir / STATE_FILE
+
+
 def reply_content(result: RoundResult, cid: int) -> RecordDict:
-    """What a client sends back (the only shape ``strategy.check_reply`` accepts): the sparse
-    update's ``indices`` and ``values``, and the round's scalars."""
-    upd = result.update
+    """What a client sends after training (the only shape ``strategy.check_reply(..., "train")``
+    accepts): the round's scalars."""
+    return RecordDict({"metrics": MetricRecord({**result.report, "client-id": cid})})
+
+
+def update_content(update: SparseUpdate, cid: int) -> RecordDict:
+    """What a client sends when asked for its update (``check_reply(..., "update")``): the
+    sparse update's ``indices`` and ``values``, and their byte count."""
     return RecordDict({
-        "update": ArrayRecord({"indices": Array(upd.indices.numpy()), "values": Array(upd.values.numpy())}),
-        "metrics": MetricRecord({**result.report, "payload-bytes": upd.nbytes, "client-id": cid}),
+        "update": ArrayRecord({"indices": Array(update.indices.numpy()), "values": Array(update.values.numpy())}),
+        "metrics": MetricRecord({"payload-bytes": update.nbytes, "client-id": cid}),
     })
 
 
@@ -178,6 +237,10 @@ def make_client_app(recipe_dict: dict, out: str | Path) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         return client_train(msg, context, recipe_dict, out)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return client_send(msg, context, recipe_dict, out)
 
     return app
 
@@ -233,10 +296,20 @@ def _deployed_server(grid: Grid, context: Context) -> None:
 client_app = ClientApp()
 
 
-@client_app.train()
-def _deployed_client(msg: Message, context: Context) -> Message:
+def _deployed(handler: Callable[[Message, Context, dict, str | Path], Message], msg: Message,
+              context: Context) -> Message:
     _exit_with_superexec()
     raw = json.loads(str(context.run_config[RECIPE_KEY]))
     if "state-dir" not in context.node_config:  # fed-client always sets it; a bare flower-supernode may not
         raise ValueError("a deployed Fed-GRPO client needs its node config's state-dir (reasonrl fed-client sets it)")
-    return client_train(msg, context, raw, str(context.node_config["state-dir"]))
+    return handler(msg, context, raw, str(context.node_config["state-dir"]))
+
+
+@client_app.train()
+def _deployed_client(msg: Message, context: Context) -> Message:
+    return _deployed(client_train, msg, context)
+
+
+@client_app.query()
+def _deployed_client_send(msg: Message, context: Context) -> Message:
+    return _deployed(client_send, msg, context)

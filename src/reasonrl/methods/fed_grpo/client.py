@@ -8,14 +8,24 @@ the federation's recipe with
 - ``train.seed`` + 1000·(c + 1) (its own prompt stream and samples), ``train.steps`` = rounds·E
   (so an LR schedule spans the whole federation), no held-out evaluation (the server's job).
 
-Its optimiser state, random streams, method state and error-feedback residual persist across
-rounds in ``<state_dir>/client_state.pt`` (the client's own disk: nothing of it is sent), so a
-client rebuilt between rounds (Flower's deployment runs each ClientApp call in a new process)
-continues exactly where the cached one would. The state is tagged with the round it ends and
-the one before it is kept (``client_state.prev.pt``): a client asked for round r starts from its
-newest state of a round before r, so when a resumed server repeats a round the client already
-trained, it trains it again from the same start, and the federation equals an uninterrupted one.
-What leaves the client: the sparse Δ_c and the scalars S_c, n_c and its mean reward.
+A round has two halves (the server allocates the round's upload slots across clients between
+them, ``maths.client_budgets``):
+
+1. ``train_round``: E local steps, then the error-compensated update u = e + Δ is kept as the
+   client's *pending* update and the client reports (S_c, n_c, mean reward, ‖u‖₂, nnz(u));
+2. ``send(budget)``: ``budget`` entries of u go out (``codec.encode``) and e ← u − sent.
+
+Its optimiser state, random streams, method state, error-feedback residual and pending update
+persist across rounds in ``<state_dir>/client_state.pt`` (the client's own disk: nothing of it
+is sent), so a client rebuilt between rounds or between the halves (Flower's deployment runs
+each ClientApp call in a new process; ``send_saved`` then works on the file alone) continues
+exactly where the cached one would. A pending update never sent (the server lost the reply)
+becomes the residual of the next round (with error feedback; without, it is lost). The state
+is tagged with the round it ends and the one before it is kept (``client_state.prev.pt``): a
+client asked for round r starts from its newest state of a round before r, so when a resumed
+server repeats a round the client already trained, it trains it again from the same start, and
+the federation equals an uninterrupted one. What leaves the client: the sparse update and the
+scalars S_c, n_c, its mean reward, ‖u‖₂ and nnz(u).
 """
 
 from __future__ import annotations
@@ -34,12 +44,12 @@ from reasonrl.params import ConfigError
 from reasonrl.recipe import recipe_from_dict
 
 from reasonrl.sections import Recipe
-from reasonrl.methods.fed_grpo.codec import Layout, SparseUpdate, encode
+from reasonrl.methods.fed_grpo.codec import Layout, SparseUpdate, compensate, encode, update_stats
 from reasonrl.methods.fed_grpo.method import METHOD, FedGRPOClient
 from reasonrl.train.checkpoint import load_state, save_state
 
 __all__ = ["FedClient", "RoundResult", "fed_settings", "client_recipe", "load_fed_recipe", "fed_run_recipe",
-           "recipe_fingerprint", "STATE_FILE"]
+           "recipe_fingerprint", "send_saved", "STATE_FILE"]
 
 STATE_FILE, PREV_STATE_FILE = "client_state.pt", "client_state.prev.pt"
 CLIENT_SEED_STRIDE = 1000
@@ -116,8 +126,7 @@ def client_recipe(recipe: Recipe, client: int) -> Recipe:
 
 @dataclass
 class RoundResult:
-    update: SparseUpdate
-    report: dict[str, float]  # signal (S_c), num-examples (n_c), reward-mean
+    report: dict[str, float]  # signal (S_c), num-examples (n_c), reward-mean, update-norm (‖u‖₂), nonzeros
     metrics: list[dict[str, Any]]  # the local steps' training metrics (kept on the client)
 
 
@@ -145,14 +154,19 @@ class FedClient:
         self.method = next(m for name, m in self.trainer.methods if name == METHOD)
         self.layout = Layout.of(self.trainer.policy.weights())
         self.residual: dict[str, Tensor] = {}
+        self.pending: dict[str, Tensor] | None = None  # u = e + Δ of the last round, until sent
         self.round = 0  # the last round this client trained
         if state is not None:
             self.residual, self.round = state["residual"], state["round"]
+            self.pending = state.get("pending")
             self.trainer.load_state_dict(state)
 
     def train_round(self, global_weights: dict[str, Tensor], global_reward: float | None,
                     server_round: int | None = None) -> RoundResult:
+        """The round's first half: E local steps from ``global_weights``; the compensated update
+        becomes the pending one (sent by :meth:`send`); returns the round's report."""
         t, fed = self.trainer, self.fed
+        self._drop_unsent()
         t.policy.set_weights(global_weights)
         self.method.begin_round(global_reward)
         metrics = []
@@ -161,16 +175,35 @@ class FedClient:
             t.state.step += 1
         local = t.policy.weights()
         delta = {n: local[n].float() - global_weights[n].float() for n in self.layout.names}
-        update = encode(delta, self.layout, fed["kappa"], self.residual, fed["error_feedback"])
-        self.residual = update.residual
+        self.pending = compensate(delta, self.layout, self.residual, fed["error_feedback"])
+        self.residual = {}  # folded into the pending update
         self.round = self.round + 1 if server_round is None else server_round
-        report = self.method.report()
+        norm, nonzeros = update_stats(self.pending)
+        report = {**self.method.report(), "update-norm": norm, "nonzeros": float(nonzeros)}
         self._save()
-        return RoundResult(update, report, metrics)
+        return RoundResult(report, metrics)
+
+    def send(self, budget: int, server_round: int | None = None) -> SparseUpdate:
+        """The round's second half: ``budget`` entries of the pending update (``codec.encode``);
+        the rest stays as the error-feedback residual."""
+        if self.pending is None or (server_round is not None and server_round != self.round):
+            raise ValueError(f"client {self.client}: no pending update of round {server_round} to send "
+                             f"(last trained round {self.round})")
+        update = _encode(self.pending, self.layout, budget, self.fed)
+        self.residual, self.pending = update.residual, None
+        self._save()
+        return update
+
+    def _drop_unsent(self) -> None:
+        """A pending update the server never asked for: with error feedback all of it is carried
+        into the next round's residual, without it is lost."""
+        if self.pending is not None:
+            self.residual = self.pending if self.fed["error_feedback"] else {}
+            self.pending = None
 
     def _save(self) -> None:
-        state = {"residual": self.residual, "round": self.round, "federation": self.fingerprint,
-                 **self.trainer.state_dict()}  # the Trainer's checkpoint state
+        state = {"residual": self.residual, "pending": self.pending, "round": self.round,
+                 "federation": self.fingerprint, **self.trainer.state_dict()}  # the Trainer's checkpoint state
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The state of an earlier round becomes prev (a repeated round replaces the current one);
         # a client killed after the move and before the write still has that state, as prev.
@@ -198,3 +231,30 @@ class FedClient:
 
     def close(self) -> None:
         self.trainer.close()
+
+
+def _encode(pending: dict[str, Tensor], layout: Layout, budget: int, fed: dict[str, Any]) -> SparseUpdate:
+    return encode(pending, layout, budget, dense=fed["kappa"] == 1, allocation=fed["allocation"],
+                  error_feedback=fed["error_feedback"])
+
+
+def send_saved(recipe: Recipe, state_dir: str | Path, budget: int, server_round: int) -> SparseUpdate:
+    """:meth:`FedClient.send` on the state file alone (no Trainer is built): what a deployed
+    client's second half does in its fresh process. The file must hold this federation's
+    pending update of ``server_round``; it is rewritten with the new residual."""
+    path = Path(state_dir) / STATE_FILE
+    if not path.is_file():
+        raise ValueError(f"{path}: no client state, so no pending update of round {server_round} to send")
+    state = load_state(path)
+    if state.get("federation") != recipe_fingerprint(recipe):
+        raise ValueError(f"{path} holds another federation's client state (its recipe differs)")
+    pending = state.get("pending")
+    if pending is None or state["round"] != server_round:
+        raise ValueError(f"{path}: no pending update of round {server_round} to send (last trained round "
+                         f"{state['round']})")
+    fed = fed_settings(recipe)
+    layout = Layout(tuple(pending), tuple((t.numel(),) for t in pending.values()))
+    update = _encode(pending, layout, budget, fed)
+    state["residual"], state["pending"] = update.residual, None
+    save_state(path, state)
+    return update

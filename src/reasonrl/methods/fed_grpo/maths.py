@@ -1,7 +1,7 @@
 """Fed-GRPO's pure pieces: client signal, aggregation weights, reward calibration, sparse updates.
 
-INFERRED (``specs/methods-a.md`` §3): the Fed-GRPO repository (HKU-HealthAI/Fed-GRPO) and its
-paper were not available; the spec formalised these from the abstract. Not FGRPO (arXiv
+INFERRED: the Fed-GRPO repository (github.com/HKU-HealthAI/Fed-GRPO) and its paper were not
+available; these are formalised from its abstract (docs/methods/fed_grpo.md). Not FGRPO (arXiv
 2606.03094) nor FedGRPO (arXiv 2602.12014). Error feedback is the standard one of Stich et al.
 2018 (arXiv 1809.07599) and Karimireddy et al. 2019 (arXiv 1901.09847); FedAvg is McMahan et
 al. 2017 (arXiv 1602.05629). Tensors in, tensors out; ``reasonrl.methods.fed_grpo`` wires them into Flower.
@@ -17,20 +17,21 @@ from torch import Tensor
 from reasonrl.algos.selection import one_group_reward_std
 
 __all__ = ["client_signal", "aggregation_weights", "update_reward_ema", "calibration_weights",
-           "block_informativeness", "block_budgets", "topk_error_feedback", "payload_bytes"]
+           "block_informativeness", "proportional_budgets", "block_budgets", "client_budgets", "per_client_budget",
+           "topk_error_feedback", "payload_bytes"]
 
 
 def client_signal(group_rewards: list[list[float]]) -> float:
     """S_c = (1/|B_c|) Σ_{q∈B_c} σ_{c,q}: the mean within-group reward std (unbiased, as GRPO
     computes it: ``algos.selection.one_group_reward_std``) over the groups the client trained on. 0 for no groups.
-    INFERRED (spec §3a): a group with σ = 0 gives GRPO no gradient."""
+    INFERRED: a group with σ = 0 gives GRPO no gradient."""
     if not group_rewards:
         return 0.0
     return sum(one_group_reward_std(g) for g in group_rewards) / len(group_rewards)
 
 
 def aggregation_weights(counts: Tensor, signals: Tensor, alpha: float = 1.0) -> Tensor:
-    """w_c = n_c S_c^α / Σ_{c'} n_{c'} S_{c'}^α (INFERRED, spec §3a).
+    """w_c = n_c S_c^α / Σ_{c'} n_{c'} S_{c'}^α (INFERRED).
 
     α = 0 gives w_c = n_c / Σ n (FedAvg's weights, arXiv 1602.05629; 0^0 = 1). When every
     n_c S_c^α is 0 (no client saw a group whose rewards differ) the weights fall back to
@@ -49,7 +50,7 @@ def aggregation_weights(counts: Tensor, signals: Tensor, alpha: float = 1.0) -> 
 
 def update_reward_ema(previous: float | None, client_means: Tensor, counts: Tensor, momentum: float) -> float:
     """R̄ ← m R̄ + (1 − m) Σ_c (n_c/Σn) r̄_c; the first round (``previous`` None) sets R̄ to the
-    round's n-weighted mean (INFERRED, spec §3a: "an EMA over client reports")."""
+    round's n-weighted mean (INFERRED from the abstract: "an EMA over client reports")."""
     counts = counts.double()
     mean = float((counts * client_means.double()).sum() / counts.sum())
     return mean if previous is None else momentum * previous + (1.0 - momentum) * mean
@@ -57,7 +58,7 @@ def update_reward_ema(previous: float | None, client_means: Tensor, counts: Tens
 
 def calibration_weights(global_reward: float | None, prompt_means: Tensor, beta: float = 1.0,
                         omega_min: float = 0.5, omega_max: float = 2.0, form: str = "clip") -> Tensor:
-    """ω_{c,q} from the local–global gap g_q = R̄ − r̄_{c,q} (INFERRED, spec §3a):
+    """ω_{c,q} from the local–global gap g_q = R̄ − r̄_{c,q} (INFERRED):
 
     - ``clip``: ω_q = clip(1 + β g_q, ω_min, ω_max);
     - ``softmax``: ω_q = Q · exp(β g_q) / Σ_{q'} exp(β g_{q'}) over the Q prompts given (mean 1,
@@ -77,53 +78,80 @@ def calibration_weights(global_reward: float | None, prompt_means: Tensor, beta:
 
 
 def block_informativeness(blocks: list[Tensor]) -> Tensor:
-    """I_ℓ = ‖Δ_ℓ‖₂ / √d_ℓ for each block (INFERRED, spec §3a): the update's RMS per entry."""
+    """I_ℓ = ‖Δ_ℓ‖₂ / √d_ℓ for each block (INFERRED): the update's RMS per entry."""
     return torch.tensor([float(b.double().norm()) / math.sqrt(b.numel()) if b.numel() else 0.0 for b in blocks],
                         dtype=torch.float64)
 
 
-def block_budgets(informativeness: Tensor, sizes: list[int], kappa: float) -> list[int]:
-    """k_ℓ ∝ I_ℓ with Σ_ℓ k_ℓ = k_tot = max(1, ⌊d/κ⌋) and 0 ≤ k_ℓ ≤ d_ℓ (INFERRED, spec §3a).
+def proportional_budgets(scores: Tensor, caps: list[int], total: int) -> list[int]:
+    """Integer budgets k_i ∝ s_i with 0 ≤ k_i ≤ cap_i and Σ_i k_i = min(total, Σ_{s_i > 0} cap_i).
 
-    Water-filling: shares k_tot·I_ℓ/ΣI over the blocks not yet full, caps a block at d_ℓ and
-    shares what it could not take among the rest; the integer parts go out by largest
-    remainder (ties to the earlier block). Blocks with I_ℓ = 0 get nothing unless every other
-    block is full; all I_ℓ = 0 (nothing changed): all zero. κ = 1 keeps every entry."""
-    if kappa < 1:
-        raise ValueError(f"block_budgets: kappa must be >= 1, got {kappa}")
-    d = sum(sizes)
-    if d == 0 or float(informativeness.sum()) <= 0:
-        return [0] * len(sizes)
-    total = max(1, int(d // kappa))
-    cap = torch.tensor(sizes, dtype=torch.float64)
-    share = torch.zeros(len(sizes), dtype=torch.float64)
-    score = informativeness.double().clone()
-    left = float(total)
+    Water-filling: ``total`` is shared as total·s_i/Σ s over the entries not yet full; an entry
+    whose share reaches its cap keeps the cap and what it could not take is shared again among
+    the others, until nothing is left or every entry is full. The integer parts go out by largest
+    remainder (ties to the earlier entry), never past a cap. An entry with s_i = 0 or cap_i = 0
+    gets nothing: what no entry can take is not spent (a budget is never filled with zeros)."""
+    if total < 0 or any(c < 0 for c in caps) or len(caps) != len(scores):
+        raise ValueError(f"proportional_budgets: need total >= 0, caps >= 0, one score per cap; got {total}, "
+                         f"{caps}, {len(scores)} scores")
+    if (scores < 0).any():
+        raise ValueError(f"proportional_budgets: scores must be >= 0, got {scores.tolist()}")
+    cap = torch.tensor(caps, dtype=torch.float64)
+    score = scores.double().clone()
     open_ = (cap > 0) & (score > 0)
+    total = min(int(total), int(cap[open_].sum()))
+    share = torch.zeros(len(caps), dtype=torch.float64)
+    left = float(total)
     while left > 1e-9 and open_.any():
         part = torch.where(open_, score, torch.zeros_like(score))
-        add = left * part / part.sum()
-        share = torch.minimum(share + add, cap)
-        full = share >= cap - 1e-9
+        share = torch.minimum(share + left * part / part.sum(), cap)
+        full = open_ & (share >= cap - 1e-9)
+        share[full] = cap[full]
         left = total - float(share.sum())
-        if not (open_ & full).any():
+        if not full.any():
             break
         open_ = open_ & ~full
-    if left > 1e-9:  # every informative block is full: the rest goes to the others, in order
-        for i in range(len(sizes)):
-            take = min(cap[i] - share[i], left)
-            share[i] += take
-            left -= float(take)
-    k = share.floor().long()
-    remainder = total - int(k.sum())
-    order = sorted(range(len(sizes)), key=lambda i: (-(float(share[i]) - int(k[i])), i))
+    k = [min(int(math.floor(float(x) + 1e-9)), c) for x, c in zip(share, caps)]
+    remainder = total - sum(k)
+    order = sorted(range(len(caps)), key=lambda i: (-(float(share[i]) - k[i]), i))
     for i in order:
         if remainder <= 0:
             break
-        if k[i] < sizes[i]:
+        if k[i] < caps[i] and float(score[i]) > 0:
             k[i] += 1
             remainder -= 1
-    return [int(x) for x in k]
+    return k
+
+
+def block_budgets(informativeness: Tensor, nonzeros: list[int], budget: int) -> list[int]:
+    """k_ℓ ∝ I_ℓ over a client's blocks, Σ_ℓ k_ℓ = min(budget, Σ nnz_ℓ), k_ℓ ≤ nnz_ℓ (the
+    block's non-zero entries, so top-k never picks a zero; a cap at d_ℓ would let a block get
+    more slots than it has non-zeros): :func:`proportional_budgets`."""
+    return proportional_budgets(informativeness, nonzeros, budget)
+
+
+def client_budgets(norms: Tensor, nonzeros: list[int], per_client: int, allocation: str = "adaptive") -> list[int]:
+    """The round's upload slots per client, from the replies of its C clients.
+
+    - ``adaptive`` (mechanism (iii) across clients): the round's K = C·``per_client`` slots
+      (``per_client`` = max(1, ⌊d/κ⌋)) split k_c ∝ ‖u_c‖₂, the L2 norm of client c's
+      error-compensated update u_c = e_c + Δ_c (the vector its top-k selects from), capped at
+      nnz_c, the non-zero entries of u_c; a client's excess goes to the others by the same rule
+      (:func:`proportional_budgets`). Σ_c k_c = min(K, Σ_c nnz_c).
+    - ``uniform`` (the ablation and top-k FedAvg): k_c = min(``per_client``, nnz_c), nothing
+      redistributed."""
+    if allocation == "adaptive":
+        return proportional_budgets(norms, nonzeros, per_client * len(nonzeros))
+    if allocation == "uniform":
+        return [min(per_client, int(n)) for n in nonzeros]
+    raise ValueError(f"client_budgets: allocation must be 'adaptive' or 'uniform', got {allocation!r}")
+
+
+def per_client_budget(dim: int, kappa: float) -> int:
+    """⌊d/κ⌋ slots (at least 1): one client's share of a round's upload budget."""
+    if kappa < 1:
+        raise ValueError(f"kappa must be >= 1, got {kappa}")
+    return max(1, int(dim // kappa))
 
 
 def topk_error_feedback(update: Tensor, residual: Tensor | None, k: int,

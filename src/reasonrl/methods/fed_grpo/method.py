@@ -50,6 +50,7 @@ class FedGRPOClient(Method):
                  reward_momentum: Annotated[float, Range(ge=0, lt=1, why="the EMA of R̄")] = 0.9,
                  kappa: Annotated[float, Range(ge=1, why="compression ratio d/k; 1: dense")] = 32.0,
                  error_feedback: bool = True,
+                 allocation: Literal["adaptive", "uniform"] = "adaptive",
                  server_lr: Annotated[float, Range(gt=0, why="η_g in θ ← θ + η_g Σ w_c Δ_c")] = 1.0,
                  min_clients: Annotated[int, Range(ge=1, why="replies a round needs to aggregate")] = 1,
                  split: dict | None = None,
@@ -66,7 +67,7 @@ class FedGRPOClient(Method):
         self.settings = dict(clients=clients, rounds=rounds, local_steps=local_steps, alpha=alpha, beta=beta,
                              omega_min=omega_min, omega_max=omega_max, calibration=calibration,
                              reward_momentum=reward_momentum, kappa=kappa, error_feedback=error_feedback,
-                             server_lr=server_lr, min_clients=min_clients, split=dict(split or {}),
+                             allocation=allocation, server_lr=server_lr, min_clients=min_clients, split=dict(split or {}),
                              round_timeout_s=round_timeout_s, join_timeout_s=join_timeout_s)
         self.global_reward: float | None = None
         self._reset_round()

@@ -1,4 +1,5 @@
-"""FSG-RL's reward composition and span-level credit (specs/methods-b.md §10; VERIFIED-CODE:
+"""FSG-RL's reward composition and span-level credit (paper: "Function-Structured Reinforcement Learning
+with Executable Verifiers for Mathematical Reasoning"; VERIFIED-CODE:
 github.com/ZihanLiummyycc/FSG-RL @ b4ee4f57, ``fsg_rl/reward.py`` and ``fsg_rl/grpo.py``).
 
 A problem is a graph of sub-functions (nodes n, edges e); the policy writes one tagged

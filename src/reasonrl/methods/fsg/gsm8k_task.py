@@ -1,5 +1,5 @@
 """FSG-RL's function graphs derived from GSM8K's calculator annotations, without an LLM decomposer
-(specs/methods-b.md §10; ``docs/methods/fsg_rl.md``).
+(github.com/ZihanLiummyycc/FSG-RL; ``docs/methods/fsg_rl.md``).
 
 A GSM8K solution marks each computation, ``Natalia sold 48/2 = <<48/2=24>>24 clips in May.
 Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.``. Each annotated step

@@ -1,4 +1,4 @@
-"""FSG-RL's teacher group judge: the t and t_n that λ_teach weighs (specs/methods-b.md §10 (b)(ii);
+"""FSG-RL's teacher group judge: the t and t_n that λ_teach weighs (teacher continuation;
 VERIFIED-CODE: github.com/ZihanLiummyycc/FSG-RL @ b4ee4f57, ``fsg_rl/teacher.py``
 ``judge_rollout_group``, ``main.py`` in ``group_mode: group_judge`` and ``fsg_rl/reward.py``).
 

@@ -1,4 +1,4 @@
-"""FSG-RL's verifier on the method hooks (specs/methods-b.md §10; ``docs/methods/fsg_rl.md``).
+"""FSG-RL's verifier on the method hooks (github.com/ZihanLiummyycc/FSG-RL; ``docs/methods/fsg_rl.md``).
 
 Named in the recipe's ``methods:`` list, with the ``function_graph`` task and the span-level
 advantage::

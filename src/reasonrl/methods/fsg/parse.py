@@ -1,5 +1,5 @@
 """FSG-RL's static checks of a completion: tagged spans, the format gate, signatures, the stated
-answer and the code policy (specs/methods-b.md §10; the reference's ``fsg_rl/parsing.py``,
+answer and the code policy (github.com/ZihanLiummyycc/FSG-RL; the reference's ``fsg_rl/parsing.py``,
 ``executable_eval.py`` and ``sandbox_safety.py``, re-derived for the ``function_graph`` format).
 
 - **Spans.** Node ``n``'s span is the first ``<n>…</n>`` of the completion; its content (between

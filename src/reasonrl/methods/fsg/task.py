@@ -1,5 +1,5 @@
 """FSG-RL's task on the embedded model: arithmetic word problems given as a graph of sub-functions
-(specs/methods-b.md §10; ``docs/methods/fsg_rl.md``).
+(github.com/ZihanLiummyycc/FSG-RL; ``docs/methods/fsg_rl.md``).
 
 Each problem is a chain of sub-questions, one Python function per node, plus ``main``. The
 prompt is the public graph (each node's interface and question, no tests) and then the problem::

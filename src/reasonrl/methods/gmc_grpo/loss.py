@@ -19,7 +19,8 @@ constant per batch, N_seq/N_tok, and ``seq-mean-token-sum-norm`` divides it by t
 budget; only ``seq-mean-token-mean`` changes the direction (row i weighted by w_i/L_i, a
 length-normalised variant).
 
-Spec: ``specs/methods-b.md`` §1; docs: ``docs/methods/gmc_grpo.md``.
+Papers: GMC-GRPO, "Asynchronous LLM Post-Training: Group-Mass Capping and Convergence Analysis",
+https://arxiv.org/abs/2610.01896; TIC-GRPO, https://arxiv.org/abs/2508.02833. Docs: ``docs/methods/gmc_grpo.md``.
 """
 
 from __future__ import annotations
@@ -73,14 +74,14 @@ def tic_grpo_loss(
     With token-wise advantages the clip branch is chosen per token by the sign of A_t (the
     same for every token of a row under outcome advantages).
 
-    Default ε = 0.2: ``specs/methods-b.md`` §1(c) gives no value from the paper and
+    Default ε = 0.2: the GMC-GRPO abstract gives no value, and our formalisation
     recommends ε ∈ [0.2, 1] for trajectory ratios; 0.2 is the lower, most conservative
     end (PPO's customary width), and the same default as ``gmc_grpo`` so the two compare at
     one threshold 1 + ε (both then satisfy Σ_i ω_i ≤ G(1 + ε)). Trajectory ratios spread far
     more than token ratios under staleness; widen ε toward 1 when most rows clip.
 
-    Confidence: the surrogate is the one ``specs/methods-b.md`` §1(a) quotes for TIC-GRPO
-    (the paper itself was not read). ``clipped`` marks tokens where the clipped branch was
+    Confidence: the surrogate is TIC-GRPO's (https://arxiv.org/abs/2508.02833) as quoted
+    second-hand (the paper itself was not read). ``clipped`` marks tokens where the clipped branch was
     strictly larger (so ``clip_fraction`` is the token fraction of clipped rows);
     ``ratio`` is w_i on every token.
     """
@@ -135,7 +136,7 @@ def gmc_grpo_loss(
     surrogate L = −(1/G) Σ_i ω_i A_i, gradient (1/G) Σ_i s_g w_i A_i ∇log π_θ(o_i); no clip.
     Per token l_{i,t} = −A_{i,t} ω_{i,t}, ω_{i,t} = exp(logp_t − sg(logp_t) + sg(log w_i +
     log s_g)): value ω_i, gradient ω_i ∇logp_t. The mass is computed in log space
-    (logsumexp; spec §1(b) step 4). G_g counts the rows of group g in this call that have a
+    (logsumexp). G_g counts the rows of group g in this call that have a
     token in the loss mask (a GRPODropout selection may have dropped some; a row masked out
     by ``loss.mask_truncated`` is not part of the estimator) — so a group must never be
     split across micro-batches (the objective checks; ``micro_batch_size`` a multiple of
@@ -143,8 +144,8 @@ def gmc_grpo_loss(
     trajectory IS) when w̄_g ≤ 1 + ε; as G grows w̄ → E_μ[w] = 1 and it switches off.
     On-policy (old = sg(logp)) ω = 1 and the loss equals ``ppo_clip`` at ratio 1, i.e. GRPO.
 
-    **INFERRED** (``specs/methods-b.md`` §1, confidence ABSTRACT): the paper's abstract is
-    verified, the estimator is the spec's formalisation of it (a third-party
+    **INFERRED** (https://arxiv.org/abs/2610.01896, confidence ABSTRACT): the paper's abstract is
+    verified, the estimator is our formalisation of it (a third-party
     ``group_mass_cap`` uses exactly ω_i = r_i·min(1, C/Σ_j r_j)); mass vs mean and whether
     the cap acts on token ratios are unverified. Default ε = 0.2, as for ``tic_grpo`` (the
     spec's range is [0.2, 1]; one threshold 1 + ε for both keeps the comparison fair).

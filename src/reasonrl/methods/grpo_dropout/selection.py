@@ -18,7 +18,8 @@ from torch import Tensor
 from reasonrl.methods.grpo_dropout.stats import MAX_EXHAUSTIVE, PUSH_TOL, VARIANTS, check_choice, entropy_push, min_keep_count
 from reasonrl.methods.grpo_dropout.stats import sequence_grpo_advantages, threshold_ratio
 
-__all__ = ["balanced_push_drop_pos_select", "balanced_push_select", "grpo_dropout_select"]
+__all__ = ["balanced_push_drop_pos_select", "balanced_push_select", "check_n_update", "grpo_dropout_select",
+           "judged_groups"]
 
 
 # --------------------------------------------------------------------------- per-group rules
@@ -157,19 +158,45 @@ def balanced_push_drop_pos_select(push: Tensor, advantages: Tensor, *, min_keep:
 # --------------------------------------------------------------------------- whole batch
 
 
+def check_n_update(n_update: int | None) -> None:
+    """``n_update`` must be None or an integer >= 1 (a ValueError naming it otherwise)."""
+    if n_update is not None and (isinstance(n_update, bool) or not isinstance(n_update, int) or n_update < 1):
+        raise ValueError(f"grpo_dropout: n_update must be None or an integer >= 1, got {n_update!r} (to train "
+                         "on every row, leave the grpo_dropout selector out of the recipe)")
+
+
+def judged_groups(group_size: Tensor, n_update: int | None) -> Tensor:
+    """Which groups the selection rule judges, [num_groups] bool: those with more rows than
+    ``n_update`` (every group when it is None); the others are kept whole.
+
+    The authors' gate (GRPODropout ``selector_methods.select_indices``): update_count =
+    min(|group|, n_update_samples_per_prompt), and a group with update_count >= |group| is
+    returned whole before any rule runs. Their main variant (``configs/variants/balance.env``)
+    sets n_update_samples_per_prompt = 7 with 8 rollouts per prompt, so every full group is
+    judged; None is that case for any G.
+    """
+    check_n_update(n_update)
+    if n_update is None:
+        return torch.ones_like(group_size, dtype=torch.bool)
+    return group_size > n_update
+
+
 def grpo_dropout_select(rewards: Tensor, seq_logprob: Tensor, group_ids: Tensor, *, variant: str = "balance",
                         step: int = 0, total_steps: int = 1, min_keep: int | None = None, a0: float = 1.0,
-                        a1: float = 0.0, seed: int = 3407, eps: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+                        a1: float = 0.0, seed: int = 3407, eps: float = 1e-6,
+                        n_update: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """GRPODropout selection over a batch: returns (kept row indices [K] sorted, P [B], A [B]).
 
     A = full-group GRPO advantages of ``rewards`` (:func:`sequence_grpo_advantages`), P =
     :func:`entropy_push`, then per group ``variant``: ``balance`` (:func:`balanced_push_select`,
     ratio 0), ``threshold`` (ratio a(t) from :func:`threshold_ratio`) or ``drop_pos``
-    (:func:`balanced_push_drop_pos_select`). The random pick of an all-zero group depends
-    only on (seed, step, group id), so resumed runs select the same rows. Statistics are in
-    float64, as the authors' Python-float code.
+    (:func:`balanced_push_drop_pos_select`). A group with at most ``n_update`` rows is kept
+    whole (:func:`judged_groups`: the authors' ``n_update < |group|`` gate). The random pick
+    of an all-zero group depends only on (seed, step, group id), so resumed runs select the
+    same rows. Statistics are in float64, as the authors' Python-float code.
     """
     check_choice("variant", variant, VARIANTS)
+    check_n_update(n_update)
     for name, value in (("a0", a0), ("a1", a1), ("eps", eps)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise ValueError(f"grpo_dropout: {name} must be a number, got {value!r}")
@@ -187,6 +214,9 @@ def grpo_dropout_select(rewards: Tensor, seq_logprob: Tensor, group_ids: Tensor,
     for gid in torch.unique(group_ids).tolist():
         rows = (group_ids == gid).nonzero().flatten()
         key = f"{seed}:{step}:{gid}"
+        if n_update is not None and rows.numel() <= n_update:
+            kept.append(rows)  # the authors' gate (judged_groups): no fewer rows to keep than the group has
+            continue
         if variant == "drop_pos":
             local = balanced_push_drop_pos_select(push[rows], adv[rows], min_keep=min_keep, key=key)
         else:

@@ -1,8 +1,8 @@
 """macro2mind's hindsight-regret curriculum and its direction + magnitude reward, as pure maths.
 
 Source: "Learning to Simulate Individuals from Macro Social Signals", Zhao et al., arXiv
-2610.07062 (``specs/methods-b.md`` §13). Abstract verified; **every formula here is INFERRED**
-(formalised from the abstract by the spec), and the constants are tunable defaults.
+2610.07062 (https://arxiv.org/abs/2610.07062). Abstract verified; **every formula here is INFERRED**
+(formalised from the abstract), and the constants are tunable defaults.
 
 - reward: r = 1[sign(p̂ − p0) = sign(p1 − p0)] + η · max(0, 1 − |p̂ − p1| / scale)
 - regret: regret(x) = ℓ̄(answers of π on x) − ℓ̄(answers of π on the hindsight prompt of x),

@@ -1,6 +1,6 @@
 """``hindsight_regret``: measures macro2mind's per-example regret by sampling the current policy
 on each prompt's hindsight variant, and hands it to the prompt sampler (arXiv 2610.07062,
-INFERRED; ``specs/methods-b.md`` §13; ``docs/methods/hindsight_regret.md``)::
+https://arxiv.org/abs/2610.07062, INFERRED; ``docs/methods/hindsight_regret.md``)::
 
     methods:
       - {name: hindsight_regret, num_hindsight: 4}

@@ -1,5 +1,5 @@
 """``regret_curriculum``: macro2mind's hindsight-regret curriculum with difficulty-aware weights
-(arXiv 2610.07062, INFERRED; ``specs/methods-b.md`` §13; ``docs/methods/hindsight_regret.md``)::
+(arXiv 2610.07062, https://arxiv.org/abs/2610.07062, INFERRED; ``docs/methods/hindsight_regret.md``)::
 
     w(x) = ([regret(x)]₊ + floor) · 4 p̂_x (1 − p̂_x)          (algos.regret.curriculum_weight)
 

@@ -1,6 +1,6 @@
 """An embedded forecasting task with a structured decomposition and hindsight information
-(macro2mind's analogue of prediction-market transitions; arXiv 2610.07062, formulas INFERRED,
-``specs/methods-b.md`` §13; ``docs/methods/hindsight_regret.md``).
+(macro2mind's analogue of prediction-market transitions; https://arxiv.org/abs/2610.07062, formulas INFERRED;
+``docs/methods/hindsight_regret.md``).
 
 An event has a topic t (a digit), a prior price p0 (30..69) and ``groups`` participant groups,
 each a distinct id digit g with a signed signal s (±1..±5). The outcome p1 follows a hidden rule:

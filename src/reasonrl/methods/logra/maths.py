@@ -2,8 +2,8 @@
 
 Source: arXiv 2610.06647, "LoGRA: Scaling LLM Reinforcement Learning with Low-Rank Gradient
 Sketches" (Zhang et al., NVIDIA). Formulas and defaults follow NVIDIA's NeMo RL integration
-(``nemo_rl/models/automodel/logra.py`` and its controller), as formalised in
-``specs/methods-b.md`` §4 (VERIFIED-CODE). The optimiser that wires these functions to a model
+(``nemo_rl/models/automodel/logra.py`` and its controller; VERIFIED-CODE; paper:
+https://arxiv.org/abs/2610.06647). The optimiser that wires these functions to a model
 (hooks, the forward-mode probe, the update) is ``reasonrl.methods.logra.optimizer``.
 
 For a target linear layer W ∈ R^{d_out×d_in}, a Rademacher projection A ∈ R^{r×d_in} turns the

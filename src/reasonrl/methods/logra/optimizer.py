@@ -1,6 +1,6 @@
 """LoGRA as the policy's optimiser (``optim: {name: logra, params: {...}}``).
 
-arXiv 2610.06647 (VERIFIED-CODE: NVIDIA's NeMo RL integration; ``specs/methods-b.md`` §4). The
+arXiv 2610.06647, https://arxiv.org/abs/2610.06647 (VERIFIED-CODE: NVIDIA's NeMo RL integration). The
 formulas are pure functions in ``reasonrl.methods.logra.maths``; this module wires them to a model:
 
 1. Every target linear layer (``target_modules``: q, k, v, o, gate, up, down by name) gets a

@@ -1,8 +1,9 @@
 """MWRL (Minimal-Witness RL) credit: lattice coverage of a group's successful sets.
 
-Source: github.com/TSUITUENYUE/MWRL, ``packages/mwrl/src/mwrl/{credit,advantage,config}.py``
-(core credit, defaults) and ``packages/mwrl-rlvr/src/mwrl_rlvr/credit.py`` (the LLM arm's
-exact lattice sum). Spec: ``specs/methods-b.md`` §3 (VERIFIED-CODE).
+Source: the authors' code, github.com/TSUITUENYUE/MWRL (read at commit 6dc11b3f):
+``packages/mwrl/src/mwrl/{credit,advantage,config,runner}.py`` (core credit, centring,
+scaling and defaults) and ``packages/mwrl-rlvr/src/mwrl_rlvr/credit.py`` (the LLM arm's
+exact lattice sum). No paper or write-up was available; see ``docs/methods/mwrl.md``.
 
 Setting. A context has variables [d] and a monotone verifier s(S) ∈ {0,1}, S ⊆ [d]. The
 minimal witnesses are the inclusion-minimal sufficient sets. A group holds K proposals
@@ -14,7 +15,10 @@ S_1..S_K with successes s_i. With up(S) = {T ⊆ [d] : T ⊇ S}:
 
     deletion credit (l1o)   A_i = V(U_K) − V(U_{−i}) = ν(up S_i \\ ∪_{j≠i, s_j=1} up S_j) ≥ 0
     l2o baseline            b_i = V(U_{−i}) − 1/(K−1) Σ_{j≠i} V(U_{−i−j})
-    advantage               Â_i = A_i − b_i,  then  Â_i / (mean_j |Â_j| + 1e-6)
+    advantage (l2o)         Â_i = A_i − b_i,            then  Â_i / (mean_j |Â_j| + 1e-6)
+    advantage (rloo, mean)  Â_i = c·(A_i − mean_j A_j),  then  Â_i / (mean_j |A_j| + 1e-6)
+                            (c = K/(K−1) for rloo, 1 for mean: the divisor is the mean of
+                            the RAW credit, taken before centring, as in the source)
 
 A failed or dominated proposal (some other success ⊆ S_i, or a duplicate) gets A_i = 0
 exactly, so only new, small sufficient sets earn credit: smaller sets own more mass
@@ -24,14 +28,40 @@ V(U_{−i}) − V(U_{−i−j}) = mass covered by j and by no success other than
 
     b_i = 1/(K−1) · ν(points covered by exactly one success other than i),
 
-and the lattice and Monte-Carlo paths below compute A_i and b_i in that form.
+and every path below computes A_i and b_i in that form.
+
+Exact computation (:func:`coverage_credit_exact`). Write c_j(T) = [S_j ⊆ T] for the
+successes and count(T) = Σ_j c_j(T). Then A_i = ν(c_i = 1, count = 1) and
+(K−1)·b_i = ν(count − c_i = 1) = M1 − A_i + ν(c_i = 1, count = 2) for a success
+(M1 = ν(count = 1)), and M1 for a failure. So three masses per distinct successful set
+give every credit, and they come from one table ν(state) over one of two state spaces:
+
+- ``atoms``: the coordinates of U = ∪ successful sets, grouped into atoms by which sets
+  hold them (coordinates no set tells apart are merged). The state is the set F of atoms
+  T contains in full; a set is covered iff its atoms ⊆ F. For a product measure with
+  inclusion probability q, ν(F) = Π_{a∈F} q^{m_a} Π_{a∉F} (1 − q^{m_a}) (m_a = atom size).
+  The layer measure is the U(0,1) mixture of the product measures (see
+  :func:`upset_measure`), and ν(F) is then a polynomial of degree ≤ |U| in q, so
+  Gauss–Legendre quadrature with ⌊|U|/2⌋+1 nodes integrates it exactly. 2^atoms states.
+- ``subsets``: the state is the set E of distinct successful sets that cover T.
+  ν(all of J cover) = ν(up ∪J) = φ(|∪J|) for every J, and Möbius inversion over supersets
+  gives ν(exactly E covers). 2^(distinct successful sets) states; exact for every measure.
+
+count(state) is a subset-sum (zeta) transform of the multiplicities and the per-set
+masses are superset sums; every intermediate is a probability, so the float error stays
+near 1e-15. The cheaper space is used; the cost is exponential in min(atoms, distinct
+successes), never in K or the antichain width (counting points of a monotone DNF is
+#P-hard, so some exponent is unavoidable). :func:`group_credit` says which groups take
+it: every ``layer`` group that fits in 2^``EXACT_MAX_LOG2`` states, and the product
+measures up to the source's Monte-Carlo threshold.
 """
 
 from __future__ import annotations
 
-import math
+import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache, lru_cache
+from functools import cache
 from itertools import combinations
 
 import numpy as np
@@ -43,18 +73,21 @@ from reasonrl.registry import ADVANTAGES
 
 __all__ = [
     "BASELINES",
+    "ENGINES",
+    "EXACT_MAX_LOG2",
     "MC_THRESHOLD",
     "MEASURES",
     "SCALES",
     "VALUATIONS",
     "count_value",
+    "coverage_credit_exact",
     "coverage_credit_lattice",
     "coverage_credit_mc",
     "coverage_value",
     "deletion_credit",
+    "exact_plan",
     "group_credit",
     "l2o_baseline",
-    "lattice_point_weights",
     "mwrl_advantages",
     "prune_antichain",
     "scale_credit",
@@ -67,13 +100,15 @@ MEASURES = ("layer", "uniform", "geometric")
 VALUATIONS = MEASURES + ("count",)
 BASELINES = ("l2o", "rloo", "mean", "none")
 SCALES = ("group", "batch", "none")
+ENGINES = ("atoms", "subsets")
 MC_THRESHOLD = 12
-"""Above this many antichain elements the exact sum costs 2^|antichain| per union (source default)."""
+"""Source default: above this many antichain elements the source estimates the product
+measures (uniform, geometric) by Monte Carlo; its inclusion–exclusion costs 2^|antichain|
+per union. The layer measure stays exact here at any width (see :func:`group_credit`)."""
+EXACT_MAX_LOG2 = 22
+"""The exact engines enumerate at most 2^22 states (about 4M; tens of MB, well under a
+second) per group; a group beyond that in both state spaces leaves the exact path."""
 EPS = 1e-6
-# The exact lattice sum enumerates 2^|union of successful sets| points; beyond this it
-# falls back to inclusion–exclusion, whose cost depends on the antichain instead.
-_LATTICE_MAX_COORDS = 16
-
 
 
 def _check_measure(measure: str, p: float) -> None:
@@ -130,74 +165,179 @@ def union_measure(sets: Iterable[frozenset], measure: str = "layer", p: float = 
     return total
 
 
-def lattice_point_weights(n: int, measure: str = "layer", p: float = 0.7) -> np.ndarray:
-    """ν({T}) for each T ⊆ U, |U| = n, indexed by bitmask (the marginal of ν on U).
+# -- the exact engines ------------------------------------------------------------------
 
-    Coverage by sets inside U only depends on T ∩ U, so summing these weights over the
-    2^n points is exact. geometric/uniform: q^|T| (1−q)^{n−|T|}. layer (a U(0,1) mixture
-    of products): ∫ q^t (1−q)^{n−t} dq = t!(n−t)!/(n+1)! = 1/((n+1)·C(n,t)).
-    """
-    _check_measure(measure, p)
-    sizes = _popcounts(n)
+def _ok_rows(sets: Sequence[frozenset | None], successes: Sequence[bool]) -> np.ndarray:
+    return np.array([bool(s) and x is not None for x, s in zip(sets, successes)], dtype=bool)
+
+
+def _distinct(sets: Sequence[frozenset | None], ok: np.ndarray) -> tuple[list[frozenset], list[int], list[int]]:
+    """(distinct successful sets, their multiplicities, each row's index into them or −1)."""
+    index: dict[frozenset, int] = {}
+    mult: list[int] = []
+    row = []
+    for s, good in zip(sets, ok):
+        if not good:
+            row.append(-1)
+            continue
+        if s not in index:
+            index[s] = len(mult)
+            mult.append(0)
+        mult[index[s]] += 1
+        row.append(index[s])
+    return list(index), mult, row
+
+
+def _atoms(distinct: Sequence[frozenset]) -> tuple[list[int], list[int]]:
+    """The coordinates of ∪ ``distinct`` grouped by the sets that hold them:
+    (atom sizes, atom patterns: bit j set when distinct set j holds the atom)."""
+    pattern: dict = {}
+    for j, s in enumerate(distinct):
+        for v in s:
+            pattern[v] = pattern.get(v, 0) | (1 << j)
+    sizes = Counter(pattern.values())
+    patterns = sorted(sizes)
+    return [sizes[q] for q in patterns], patterns
+
+
+def _layer_nodes(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss–Legendre nodes and weights on [0, 1], exact for polynomials of degree ≤ n."""
+    x, w = np.polynomial.legendre.leggauss(n // 2 + 1)
+    return (x + 1.0) / 2.0, w / 2.0
+
+
+def exact_plan(sets: Sequence[frozenset | None], successes: Sequence[bool]) -> tuple[str, int]:
+    """(engine, log2 of its state count) of the smaller exact state space for a group:
+    ``atoms`` (2^atoms states) or ``subsets`` (2^(distinct successful sets)); ties go to
+    ``atoms``. Each costs a few dozen passes over its states, for every measure."""
+    distinct, _, _ = _distinct(sets, _ok_rows(sets, successes))
+    atoms = len(_atoms(distinct)[0])
+    return ("atoms", atoms) if atoms <= len(distinct) else ("subsets", len(distinct))
+
+
+def _zeta_subsets(x: np.ndarray, bits: int) -> None:
+    """In place: x[F] ← Σ_{G ⊆ F} x[G]."""
+    for b in range(bits):
+        v = x.reshape(-1, 2, 1 << b)
+        v[:, 1, :] += v[:, 0, :]
+
+
+def _zeta_supersets(x: np.ndarray, bits: int) -> None:
+    """In place: x[F] ← Σ_{G ⊇ F} x[G]."""
+    for b in range(bits):
+        v = x.reshape(-1, 2, 1 << b)
+        v[:, 0, :] += v[:, 1, :]
+
+
+def _mobius_supersets(x: np.ndarray, bits: int) -> None:
+    """In place: the inverse of :func:`_zeta_supersets`."""
+    for b in range(bits):
+        v = x.reshape(-1, 2, 1 << b)
+        v[:, 0, :] -= v[:, 1, :]
+
+
+def _product_table(sizes: Sequence[int], q: np.ndarray) -> np.ndarray:
+    """[len(q), 2^atoms]: Π_{a∈F} q^{m_a} Π_{a∉F} (1 − q^{m_a}) per node q, F as a bitmask."""
+    table = np.ones((len(q), 1))
+    for m in sizes:
+        full = (q**m)[:, None]
+        table = np.concatenate([table * (1.0 - full), table * full], axis=1)  # atom = the new highest bit
+    return table
+
+
+def _atom_weights(sizes: Sequence[int], measure: str, p: float) -> np.ndarray:
+    """ν(T holds exactly the atoms F in full), indexed by the atom bitmask F.
+
+    The product over atoms splits into low and high halves, so the quadrature sum of the
+    layer measure is one matrix product: Σ_r ω_r high_r[h]·low_r[l]."""
     if measure == "layer":
-        per_size = np.array([1.0 / ((n + 1) * math.comb(n, t)) for t in range(n + 1)])
+        q, node_weights = _layer_nodes(sum(sizes))
     else:
-        q = 0.5 if measure == "uniform" else p
-        per_size = np.array([q**t * (1.0 - q) ** (n - t) for t in range(n + 1)])
-    return per_size[sizes]
+        q, node_weights = np.array([0.5 if measure == "uniform" else p]), np.ones(1)
+    half = len(sizes) // 2
+    low, high = _product_table(sizes[:half], q), _product_table(sizes[half:], q)
+    return ((high * node_weights[:, None]).T @ low).reshape(-1)
 
 
-@lru_cache(maxsize=32)
-def _popcounts(n: int) -> np.ndarray:
-    points = np.arange(1 << n, dtype=np.int64)
-    sizes = np.zeros_like(points)
-    for c in range(n):
-        sizes += (points >> c) & 1
-    return sizes
+def _subset_weights(sizes: Sequence[int], patterns: Sequence[int], m: int, measure: str, p: float) -> np.ndarray:
+    """ν(exactly the distinct sets E cover T), indexed by the set bitmask E: Möbius
+    inversion of ν(all of J cover) = φ(|∪J|).
+
+    |∪J| = |U| − Σ_a m_a·[J misses atom a's pattern], a superset sum over the patterns'
+    complements."""
+    missed = np.zeros(1 << m, dtype=np.int64)
+    np.add.at(missed, [(1 << m) - 1 - pattern for pattern in patterns], sizes)
+    _zeta_supersets(missed, m)
+    union_size = sum(sizes) - missed
+    if measure == "layer":
+        weight = 1.0 / (union_size + 1.0)
+    else:
+        weight = (0.5 if measure == "uniform" else p) ** union_size.astype(np.float64)
+    _mobius_supersets(weight, m)
+    return weight
 
 
-def _local_masks(sets: Sequence[frozenset | None], successes: np.ndarray) -> tuple[np.ndarray, int]:
-    """Bitmasks of the sets over the coordinates of U = ∪ successful sets (failed rows: 0)."""
-    universe = sorted(frozenset().union(*(s for s, ok in zip(sets, successes) if ok)))
-    where = {v: j for j, v in enumerate(universe)}
-    masks = np.zeros(len(sets), dtype=np.int64)
-    for i, (s, ok) in enumerate(zip(sets, successes)):
-        if ok:
-            for v in s:
-                masks[i] |= 1 << where[v]
-    return masks, len(universe)
-
-
-def _only_and_exactly_one(cover: np.ndarray, weight: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """From a [points, K] coverage matrix: (mass covered only by i, that mass of the
-    points covered by exactly one success other than i, divided by K−1)."""
-    count = cover.sum(axis=1, keepdims=True)
-    raw = (weight[:, None] * (cover & (count == 1))).sum(axis=0)
-    if k < 2:
-        return raw, np.zeros(k)
-    return raw, (weight[:, None] * ((count - cover) == 1)).sum(axis=0) / (k - 1)
+def coverage_credit_exact(sets: Sequence[frozenset | None], successes: Sequence[bool],
+                          measure: str = "layer", p: float = 0.7, engine: str | None = None,
+                          max_log2: int = EXACT_MAX_LOG2) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (A_i, b_i) for one group (``None`` = malformed, a failure); see the module
+    docstring. A_i = ν(points covered only by S_i); b_i = ν(points covered by exactly one
+    success other than i)/(K−1). ``engine``: ``atoms``, ``subsets`` or None (the cheaper,
+    :func:`exact_plan`). Raises ValueError when the engine would enumerate more than
+    2^``max_log2`` states."""
+    _check_measure(measure, p)
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+    if len(sets) != len(successes):
+        raise ValueError(f"sets and successes differ in length: {len(sets)} vs {len(successes)}")
+    ok = _ok_rows(sets, successes)
+    k = len(sets)
+    if not ok.any():
+        return np.zeros(k), np.zeros(k)
+    distinct, mult, row = _distinct(sets, ok)
+    sizes, patterns = _atoms(distinct)
+    engine = engine or exact_plan(sets, successes)[0]
+    if engine == "atoms":
+        bits = len(sizes)
+        masks = [sum(1 << a for a, pattern in enumerate(patterns) if pattern >> j & 1) for j in range(len(distinct))]
+    else:
+        bits = len(distinct)
+        masks = [1 << j for j in range(bits)]
+    if bits > max_log2:
+        raise ValueError(f"the exact {engine!r} engine would enumerate 2^{bits} states for this group "
+                         f"({len(sizes)} atoms, {len(distinct)} distinct successful sets); the limit is "
+                         f"2^{max_log2}")
+    weight = (_atom_weights(sizes, measure, p) if engine == "atoms"
+              else _subset_weights(sizes, patterns, bits, measure, p))
+    count = np.zeros(1 << bits, dtype=np.int32)
+    np.add.at(count, masks, mult)
+    _zeta_subsets(count, bits)  # count[F] = Σ multiplicities of the sets covered in state F
+    once = np.where(count == 1, weight, 0.0)
+    twice = np.where(count == 2, weight, 0.0)
+    m1 = float(once.sum())
+    _zeta_supersets(once, bits)
+    _zeta_supersets(twice, bits)
+    only, pair = once[masks], twice[masks]  # per distinct set: ν(covered, count = 1), ν(covered, count = 2)
+    # A duplicated or dominated success owns no mass: make its 0 exact (the Möbius
+    # inversion of the subsets engine leaves rounding residue near 1e-17 there).
+    owns_none = [mult[j] > 1 or any(other < s for other in distinct) for j, s in enumerate(distinct)]
+    only = np.where(owns_none, 0.0, np.maximum(only, 0.0))
+    raw, base = np.zeros(k), np.full(k, m1)
+    for i, j in enumerate(row):
+        if j >= 0:
+            raw[i] = only[j]
+            base[i] = m1 - only[j] + pair[j]
+    return raw, (base / (k - 1) if k > 1 else np.zeros(k))
 
 
 def coverage_credit_lattice(sets: Sequence[frozenset | None], successes: Sequence[bool],
                             measure: str = "geometric", p: float = 0.7) -> tuple[np.ndarray, np.ndarray]:
-    """Exact (A_i, b_i) by summing ν over the 2^|U| points of U = ∪_{s_i=1} S_i.
-
-    A_i = ν(points covered only by S_i); b_i = ν(points covered by exactly one success
-    other than i)/(K−1). Source: ``mwrl_rlvr.credit.coverage_l2o_exact`` (the RLVR arm,
-    geometric p = 0.7); the layer and uniform weights are the same sum with
-    :func:`lattice_point_weights`. Equals inclusion–exclusion (tested).
-    """
-    ok = np.array([bool(s) and x is not None for x, s in zip(sets, successes)], dtype=bool)
-    k = len(sets)
-    if not ok.any():
-        return np.zeros(k), np.zeros(k)
-    masks, n = _local_masks(sets, ok)
-    if n > _LATTICE_MAX_COORDS:
-        raise ValueError(f"the lattice sum enumerates 2^{n} points; use inclusion–exclusion above "
-                         f"{_LATTICE_MAX_COORDS} variables")
-    points = np.arange(1 << n, dtype=np.int64)
-    cover = ((points[:, None] & masks[None, :]) == masks[None, :]) & ok[None, :]
-    return _only_and_exactly_one(cover, lattice_point_weights(n, measure, p), k)
+    """Exact (A_i, b_i) by summing ν over the lattice of U = ∪_{s_i=1} S_i, its coordinates
+    merged into atoms (:func:`coverage_credit_exact` with ``engine="atoms"``). Source:
+    ``mwrl_rlvr.credit.coverage_l2o_exact`` (the RLVR arm, geometric p = 0.7, over the 2^|U|
+    points); the layer and uniform measures are the same sum. Equals inclusion–exclusion
+    (tested)."""
+    return coverage_credit_exact(sets, successes, measure, p, engine="atoms")
 
 
 def coverage_credit_mc(sets: Sequence[frozenset | None], successes: Sequence[bool],
@@ -210,26 +350,35 @@ def coverage_credit_mc(sets: Sequence[frozenset | None], successes: Sequence[boo
     success, /(K−1). Shared samples are mandatory: estimating each union separately and
     subtracting leaves O(σ) noise on an O(credit) difference and flips signs. Source:
     ``mwrl.credit._mc_shared_l2o`` (product measures). For the layer measure (no product
-    form, kept exact in the source) we draw q ~ U(0,1) per sample, then T ~ product(q) —
-    our extension, exact in expectation by the mixture identity in :func:`upset_measure`.
+    form; the source keeps it exact) we draw q ~ U(0,1) per sample, then T ~ product(q),
+    unbiased by the mixture identity in :func:`upset_measure`; :func:`group_credit` only
+    takes this for ``layer`` when no exact engine fits, and warns.
     """
     _check_measure(measure, p)
     if samples < 1:
         raise ValueError(f"mc_samples must be >= 1 for the Monte-Carlo path, got {samples}")
-    ok = np.array([bool(s) and x is not None for x, s in zip(sets, successes)], dtype=bool)
+    ok = _ok_rows(sets, successes)
     k = len(sets)
     if not ok.any():
         return np.zeros(k), np.zeros(k)
-    masks, n = _local_masks(sets, ok)
+    universe = sorted(frozenset().union(*(s for s, good in zip(sets, ok) if good)))
+    where = {v: j for j, v in enumerate(universe)}
+    member = np.zeros((k, len(universe)), dtype=bool)  # failed rows stay all-False
+    for i, (s, good) in enumerate(zip(sets, ok)):
+        if good:
+            member[i, [where[v] for v in s]] = True
     rng = np.random.default_rng(seed)
     if measure == "layer":
         q = rng.random((samples, 1))
     else:
         q = np.full((samples, 1), 0.5 if measure == "uniform" else p)
-    inside = rng.random((samples, n)) < q
-    member = ((masks[:, None] >> np.arange(n)[None, :]) & 1).astype(bool)  # [K, n]
+    inside = rng.random((samples, len(universe))) < q
     cover = ~(member[None, :, :] & ~inside[:, None, :]).any(axis=2) & ok[None, :]
-    return _only_and_exactly_one(cover, np.full(samples, 1.0 / samples), k)
+    count = cover.sum(axis=1, keepdims=True)
+    raw = (cover & (count == 1)).mean(axis=0)
+    if k < 2:
+        return raw, np.zeros(k)
+    return raw, ((count - cover) == 1).mean(axis=0) / (k - 1)
 
 
 def deletion_credit(value: Callable[[frozenset], float], k: int) -> np.ndarray:
@@ -288,6 +437,53 @@ def _check_params(valuation: str, p: float, baseline: str, scale: str, mc_sample
         raise ValueError(f"mc_samples must be >= 0 (0 forces the exact path), got {mc_samples}")
 
 
+def _coverage_credit(sets: Sequence[frozenset | None], successes: Sequence[bool], valuation: str, p: float,
+                     mc_samples: int, mc_threshold: int,
+                     seed: int | np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
+    """(A, b) of one group by the path :func:`group_credit` describes."""
+    good = _successful(sets, successes)
+    width = len(prune_antichain(good.values()))
+    if valuation != "layer" and mc_samples > 0 and width > mc_threshold:
+        return coverage_credit_mc(sets, successes, valuation, p, mc_samples, seed)
+    engine, log2_states = exact_plan(sets, successes)
+    if log2_states <= EXACT_MAX_LOG2:
+        return coverage_credit_exact(sets, successes, valuation, p, engine)
+    if width <= mc_threshold:  # the source's own exact path: inclusion–exclusion on the antichain
+        value = coverage_value(sets, successes, valuation, p)
+        return deletion_credit(value, len(sets)), l2o_baseline(value, len(sets))
+    why = (f"no exact engine fits this group: 2^{log2_states} states in the cheaper state space "
+           f"(limit 2^{EXACT_MAX_LOG2}) and a {width}-element antichain (inclusion–exclusion above "
+           f"{mc_threshold} costs 2^{width} terms per union)")
+    if mc_samples == 0:
+        raise ValueError(f"{why}; set mc_samples > 0 to estimate it by Monte Carlo")
+    warnings.warn(f"MWRL {valuation} credit: {why}; using the shared-sample Monte-Carlo estimate "
+                  f"({mc_samples} samples)", RuntimeWarning, stacklevel=3)
+    return coverage_credit_mc(sets, successes, valuation, p, mc_samples, seed)
+
+
+def _group_credit_parts(sets: Sequence[frozenset | None], successes: Sequence[bool], *,
+                        valuation: str, p: float, baseline: str, mc_samples: int, mc_threshold: int,
+                        seed: int | np.random.SeedSequence) -> tuple[np.ndarray, np.ndarray]:
+    """(raw deletion credit A, centred credit Â) of one group; see :func:`group_credit`."""
+    _check_params(valuation, p, baseline, "none", mc_samples)
+    if len(sets) != len(successes):
+        raise ValueError(f"sets and successes differ in length: {len(sets)} vs {len(successes)}")
+    k = len(sets)
+    if k == 0:
+        return np.zeros(0), np.zeros(0)
+    if valuation == "count":
+        value = count_value(sets, successes)
+        raw, base = deletion_credit(value, k), (l2o_baseline(value, k) if baseline == "l2o" else None)
+    else:
+        raw, base = _coverage_credit(sets, successes, valuation, p, mc_samples, mc_threshold, seed)
+    if baseline == "l2o":
+        return raw, raw - base
+    if baseline == "none":
+        return raw, raw
+    centred = raw - raw.mean()
+    return raw, (centred * (k / (k - 1)) if baseline == "rloo" and k > 1 else centred)
+
+
 def group_credit(sets: Sequence[frozenset | None], successes: Sequence[bool], *,
                  valuation: str = "layer", p: float = 0.7, baseline: str = "l2o",
                  mc_samples: int = 20000, mc_threshold: int = MC_THRESHOLD,
@@ -295,54 +491,47 @@ def group_credit(sets: Sequence[frozenset | None], successes: Sequence[bool], *,
     """The centred, unscaled credit Â_i of one group of K proposals (``None`` = malformed).
 
     Baselines: ``l2o`` (default) Â = A − b (above); ``rloo`` Â = (A − mean A)·K/(K−1)
-    (= A_i − mean_{j≠i} A_j); ``mean`` Â = A − mean A; ``none`` Â = A. Coverage credit
-    is exact (lattice sum, or inclusion–exclusion for > 16 variables) while the pruned
-    success antichain has ≤ ``mc_threshold`` elements, and uses the shared-sample
-    Monte-Carlo estimate above that (unless ``mc_samples`` = 0, which forces exact).
-    The choice is made once per group so all its credits come from one method. With the
-    count valuation, ``l2o`` applies the same b_i formula to V = number of distinct
-    successes (our generalisation; the source centres count credit with rloo/mean).
+    (= A_i − mean_{j≠i} A_j); ``mean`` Â = A − mean A; ``none`` Â = A. The divisor that
+    :func:`witness_advantages` applies next depends on the baseline (see there).
+
+    Coverage credit, one method per group:
+
+    - ``uniform``/``geometric`` with more than ``mc_threshold`` pruned antichain elements
+      and ``mc_samples`` > 0: the shared-sample Monte-Carlo estimate (source behaviour);
+    - otherwise exact, by :func:`coverage_credit_exact` (the cheaper of its two state
+      spaces), at any antichain width. ``layer`` is always exact here, as in the source
+      (whose inclusion–exclusion is exponential in the width);
+    - when neither exact state space fits in 2^``EXACT_MAX_LOG2``: inclusion–exclusion if
+      the antichain has ≤ ``mc_threshold`` elements (the source's exact path), else the
+      Monte-Carlo estimate with a RuntimeWarning, or a ValueError when ``mc_samples`` = 0.
+
+    With the count valuation, ``l2o`` applies the same b_i formula to V = number of
+    distinct successes (our generalisation; the source centres count credit with the
+    group mean whenever ``l2o`` is asked for, and with rloo/mean otherwise).
     """
-    _check_params(valuation, p, baseline, "none", mc_samples)
-    if len(sets) != len(successes):
-        raise ValueError(f"sets and successes differ in length: {len(sets)} vs {len(successes)}")
-    k = len(sets)
-    if k == 0:
-        return np.zeros(0)
-    if valuation == "count":
-        value = count_value(sets, successes)
-        raw, base = deletion_credit(value, k), (l2o_baseline(value, k) if baseline == "l2o" else None)
-    else:
-        good = _successful(sets, successes)
-        width = len(prune_antichain(good.values()))
-        n_coords = len(frozenset().union(*good.values())) if good else 0
-        if mc_samples > 0 and width > mc_threshold:
-            raw, base = coverage_credit_mc(sets, successes, valuation, p, mc_samples, seed)
-        elif n_coords <= _LATTICE_MAX_COORDS:
-            raw, base = coverage_credit_lattice(sets, successes, valuation, p)
-        else:
-            value = coverage_value(sets, successes, valuation, p)
-            raw, base = deletion_credit(value, k), l2o_baseline(value, k)
-    if baseline == "l2o":
-        return raw - base
-    if baseline == "none":
-        return raw
-    centred = raw - raw.mean()
-    return centred * (k / (k - 1)) if baseline == "rloo" and k > 1 else centred
+    return _group_credit_parts(sets, successes, valuation=valuation, p=p, baseline=baseline,
+                               mc_samples=mc_samples, mc_threshold=mc_threshold, seed=seed)[1]
 
 
-def scale_credit(credit: Tensor, group_ids: Tensor, scale: str = "group", eps: float = EPS) -> Tensor:
-    """Â_i / (mean |Â| + eps), the mean over i's group (``group``, source default) or over
-    the whole batch (``batch``, the source's ``scope: update``); ``none`` leaves Â as is."""
+def scale_credit(credit: Tensor, group_ids: Tensor, scale: str = "group", eps: float = EPS,
+                 magnitude: Tensor | None = None) -> Tensor:
+    """Â_i / (mean |M| + eps), the mean over i's group (``group``, source default) or over
+    the whole batch (``batch``, the source's ``scope: update``); ``none`` leaves Â as is.
+
+    M is ``magnitude`` when given (the group divisor of the rloo/mean baselines is the
+    mean |raw credit|, see :func:`witness_advantages`), else Â itself."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {', '.join(SCALES)}; got {scale!r}")
     if scale == "none":
         return credit
+    magnitude = credit if magnitude is None else magnitude
+    if magnitude.shape != credit.shape:
+        raise ValueError(f"magnitude must have credit's shape {tuple(credit.shape)}, got {tuple(magnitude.shape)}")
     if scale == "batch":
-        return credit / (credit.abs().mean() + eps)
+        return credit / (magnitude.abs().mean() + eps)
     inverse, groups = group_inverse(group_ids)
-    total = group_sum(credit.abs(), inverse, groups)
-    count = group_sum(torch.ones_like(credit), inverse, groups)
+    total = group_sum(magnitude.abs(), inverse, groups)
+    count = group_sum(torch.ones_like(magnitude), inverse, groups)
     return credit / ((total / count)[inverse] + eps)
 
 
@@ -352,6 +541,13 @@ def witness_advantages(sets: Sequence[frozenset | None], successes: Sequence[boo
                        mc_threshold: int = MC_THRESHOLD, seed: int = 0, step: int = 0) -> Tensor:
     """MWRL advantages [B,T]: :func:`group_credit` per group, :func:`scale_credit`, and the
     sequence value broadcast to every valid token (REINFORCE-style, as in the source).
+
+    The divisor follows the source's ``mwrl_group_advantages`` (scale ``mean``): with
+    ``scale: group`` it is the group's mean |A| of the RAW deletion credit, taken before
+    centring, for ``rloo``, ``mean`` and ``none`` (for ``none`` A is Â), and the mean |A − b|
+    for ``l2o`` (the source's l2o credit arrives centred). With ``scale: batch`` (the
+    source's ``scope: update``, ``normalize_update_advantages``) it is the batch mean |Â|
+    of the centred credit for every baseline.
 
     The Monte-Carlo path of group g draws from ``SeedSequence([seed, step, g])``.
     """
@@ -363,13 +559,17 @@ def witness_advantages(sets: Sequence[frozenset | None], successes: Sequence[boo
         raise ValueError(f"sets and successes differ in length: {len(sets)} vs {len(successes)}")
     _check_params(valuation, p, baseline, scale, mc_samples)
     credit = torch.zeros(len(sets), dtype=torch.float64)
+    raw = torch.zeros(len(sets), dtype=torch.float64)
     for g in torch.unique(group_ids).tolist():
         rows = torch.nonzero(group_ids == g).squeeze(-1).tolist()
-        values = group_credit([sets[i] for i in rows], [bool(successes[i]) for i in rows],
-                              valuation=valuation, p=p, baseline=baseline, mc_samples=mc_samples,
-                              mc_threshold=mc_threshold, seed=np.random.SeedSequence([seed, step, int(g)]))
-        credit[rows] = torch.as_tensor(values, dtype=torch.float64)
-    credit = scale_credit(credit, group_ids, scale).to(torch.float32)
+        a, centred = _group_credit_parts(
+            [sets[i] for i in rows], [bool(successes[i]) for i in rows], valuation=valuation, p=p,
+            baseline=baseline, mc_samples=mc_samples, mc_threshold=mc_threshold,
+            seed=np.random.SeedSequence([seed, step, int(g)]))
+        credit[rows] = torch.as_tensor(centred, dtype=torch.float64)
+        raw[rows] = torch.as_tensor(a, dtype=torch.float64)
+    magnitude = raw if scale == "group" and baseline in ("rloo", "mean") else credit
+    credit = scale_credit(credit, group_ids, scale, magnitude=magnitude).to(torch.float32)
     return torch.where(response_mask.bool(), credit.unsqueeze(-1), 0.0)
 
 
@@ -383,8 +583,9 @@ def mwrl_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Ten
     ``batch.meta["problem"]`` and verifies it (``reasonrl.methods.mwrl.task.verdict``): s_i is
     SUFFICIENCY, not the recipe reward, so ``token_rewards`` is unused. A malformed
     proposal is a failure. Defaults follow the core ``GroupedRLConfig`` (layer ν, l2o,
-    mean-|Â| scale per group, 20,000 MC samples above 12 antichain elements); the
-    source's LLM arm is ``valuation: geometric, p: 0.7``.
+    mean-|Â| scale per group, 20,000 MC samples for the product measures above 12
+    antichain elements; layer stays exact); the source's LLM arm is ``valuation:
+    geometric, p: 0.7``.
     """
     from reasonrl.methods.mwrl.task import verdict  # the task owns the parser and verifier
 

@@ -1,6 +1,6 @@
 """OmniSeek's audio-visual necessity reward, as pure tensor math (arXiv 2610.02181, "OmniSeek:
-Native Tool Integration for Multi-turn Audio-Visual Reasoning", Wang et al.; specs/methods-b.md
-§13). The model side (the masked forwards) is ``reasonrl.methods.omniseek.method``.
+Native Tool Integration for Multi-turn Audio-Visual Reasoning", Wang et al.;
+https://arxiv.org/abs/2610.02181). The model side (the masked forwards) is ``reasonrl.methods.omniseek.method``.
 
 For a sampled trajectory, ℓ^full_t is the log-likelihood of token t under the policy and
 ℓ^{\\X}_t the same with the attention keys of channel X's tokens masked (no position attends to

@@ -1,7 +1,7 @@
 """Residual Advantage (RA) and its co-evolving-teacher variant CoRA: token-level credit
 from a teacher's probabilities on the student's own rollouts.
 
-Formalised from the spec (paper not available): ``specs/methods-a.md`` §2, confidence
+Paper: "Residual Advantage (RA) and CoRA"; paper not located; formalised from its abstract, confidence
 INFERRED. Nearest verified prior art: vOPD (arXiv 2605.07865), which uses the closed-form
 expectation of a per-token teacher signal under the student as a state-value baseline.
 
@@ -156,7 +156,7 @@ def residual_advantages(
     (:func:`center_per_response`). Without ``clip`` every response's mean advantage over
     its tokens equals its mean verifier advantage, and ``lam = 0`` returns A^ver exactly.
     All inputs are [B,T]; the result is zero outside the mask and detached.
-    Formalised from the spec (paper not available): specs/methods-a.md §2.
+    Formalised from the abstract (RA/CoRA; paper not located).
     """
     shapes = [tuple(t.shape) for t in (verifier_advantages, teacher_token_prob, student_token_prob,
                                        student_value, response_mask)]

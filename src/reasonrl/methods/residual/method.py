@@ -1,4 +1,4 @@
-"""The RA/CoRA teacher on the method hooks (``specs/methods-a.md`` §2; see
+"""The RA/CoRA teacher on the method hooks (paper: "Residual Advantage (RA) and CoRA", not located; see
 ``reasonrl.policy.teacher`` for what it computes and ``docs/methods/residual_advantage.md``).
 
 Enabled by the recipe's ``teacher:`` section. ``annotate`` writes the teacher's and the

@@ -1,7 +1,7 @@
 """The teacher of Residual Advantage (RA) and CoRA: a second model that scores the
 student's rollouts token by token, and (CoRA) learns from the verifier through a LoRA adapter.
 
-Formalised from the spec (paper not available): ``specs/methods-a.md`` §2. The maths is in
+Paper: "Residual Advantage (RA) and CoRA"; paper not located; formalised from its abstract. The maths is in
 ``reasonrl.methods.residual.advantage``; this module only runs the models:
 
 - :meth:`Teacher.annotate` (before the advantage stage) forwards the student and the teacher

@@ -1,9 +1,9 @@
 """RL-ARC: calibration-aware reward from reasoning and answer confidence (pure functions).
 
-**Formalised from the abstract (INFERRED): no paper text was found.** The formalisation is
-``specs/methods-a.md`` §4; its closest verified relatives are RLCR (arXiv 2507.16806: reward
-1[correct] − (q − 1[correct])² with a verbalised q) and RLCM (arXiv 2604.23333). The model side
-(reading the batch, adding to its rewards) is ``reasonrl.methods.rl_arc.method``. The answer span
+**Formalised from the abstract (INFERRED): no paper text was found.** Paper: RL-ARC ("calibration-aware
+RL with reasoning and answer confidence"), not located; its closest verified relatives are RLCR
+(arXiv 2507.16806: reward 1[correct] − (q − 1[correct])² with a verbalised q) and RLCM (arXiv 2604.23333).
+The model side (reading the batch, adding to its rewards) is ``reasonrl.methods.rl_arc.method``. The answer span
 and the span confidences are the core's (``reasonrl.evaluate.answer_spans``), which the
 evaluation's ``calibration/answer/*`` family uses too.
 

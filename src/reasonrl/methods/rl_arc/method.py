@@ -1,6 +1,6 @@
 """RL-ARC on the method hooks: calibration-aware RL with reasoning and answer confidence.
 
-**Formalised from the abstract (INFERRED)**: ``specs/methods-a.md`` §4; the maths is in
+**Formalised from the abstract (INFERRED)**: paper not located; the maths is in
 ``reasonrl.methods.rl_arc.maths`` (the docstring there has the formulas and the verified relatives,
 RLCR arXiv 2507.16806 and RLCM arXiv 2604.23333). Named in the recipe's ``methods:`` list::
 
@@ -11,11 +11,11 @@ Every step, in ``annotate`` (after scoring and selection, before the advantages)
 
 1. c_r and c_a of every row from its behaviour log-probs (``batch.sample_logprobs``, the tokens'
    log-probs under the weights that sampled them; no extra forward) over the reasoning and the
-   answer span (``algos.rl_arc.split_spans``: the task's ``answer_spans``, else ``\\boxed{}``,
+   answer span (``evaluate.answer_spans.split_spans``: the task's ``answer_spans``, else ``\\boxed{}``,
    else the number after ``####``). With ``answer_confidence: stated`` c_a is the confidence the
    completion writes (``evaluate.sampling_eval.stated_confidence``).
 2. R = 1[score > 0.5] of ``correct_reward`` (its unweighted score, ``batch.meta``).
-3. ``batch.rewards += r − R`` (``algos.rl_arc.arc_adjustment``): with the correctness reward at
+3. ``batch.rewards += r − R`` (``methods.rl_arc.maths.arc_adjustment``): with the correctness reward at
    weight 1 and alone, each row's reward is the spec's r; other rewards keep their share.
    GRPO's advantages then see r.
 

@@ -1,8 +1,8 @@
 """RLCPR: the tensor maths of verifier-free RL with probability rewards.
 
-RLCPR's paper was not found: everything here is INFERRED, formalised in
-``specs/methods-b.md`` §7 from its closest published relatives, RLPR (the mean-probability
-reward) and VeriFree (arXiv 2505.21493; the reference answer scored after the trace). The
+No RLCPR paper text, abstract or code could be found: everything here is INFERRED,
+formalised from its closest published relatives, RLPR (the mean-probability reward) and
+VeriFree (arxiv.org/abs/2505.21493; the reference answer scored after the trace). The
 model side (the teacher-forced forward of the policy) is ``reasonrl.methods.rlcpr.method``; the
 prompt sampler is ``reasonrl.methods.rlcpr.sampler``.
 
@@ -47,7 +47,7 @@ def answer_reward(answer_logprobs: Tensor, answer_mask: Tensor, kind: Kind = "pr
 
 
 def debias(reward: Tensor, empty_reward: Tensor, kind: Kind = "prob") -> Tensor:
-    """Empty-trace debiasing (INFERRED, spec §7(a)): what the trace adds to the answer's
+    """Empty-trace debiasing (INFERRED): what the trace adds to the answer's
     probability over answering at once::
 
         prob:     r̃(z) = clip(r(z) − r(∅), 0, 1)
@@ -61,8 +61,8 @@ def debias(reward: Tensor, empty_reward: Tensor, kind: Kind = "prob") -> Tensor:
 
 
 def concentration_point(p: Tensor, valid: Tensor, positions: Tensor, delta: float) -> Tensor:
-    """The concentration point t* of each row's posterior p_t along its trace, [N] (INFERRED,
-    spec §7(a))::
+    """The concentration point t* of each row's posterior p_t along its trace, [N]
+    (INFERRED)::
 
         t* = min{ t : |p_{t'} − p_T| ≤ δ for all t' ≥ t }
 
@@ -87,7 +87,7 @@ def concentration_point(p: Tensor, valid: Tensor, positions: Tensor, delta: floa
 
 def concentration_penalty(reward: Tensor, gate_value: Tensor, t_star: Tensor, trace_len: Tensor,
                           coef: float, gate: float) -> Tensor:
-    """Concentration-aware length regularisation (INFERRED, spec §7(a))::
+    """Concentration-aware length regularisation (INFERRED)::
 
         r_final = r̃ − λ_len · (T − t*)/T · 1[r̃ ≥ gate]
 

@@ -1,8 +1,9 @@
 """RLCPR on the method hooks: a verifier-free probability reward scored by the policy itself.
 
-Everything is INFERRED (no paper text found; ``specs/methods-b.md`` §7 formalises it after
-RLPR and VeriFree, arXiv 2505.21493). The maths is in ``reasonrl.methods.rlcpr.maths``; this module
-runs the forwards. Named in the recipe's ``methods:`` list::
+Everything is INFERRED: no RLCPR paper text, abstract or code could be found, so the method
+is formalised after its closest published relatives, RLPR (the mean-probability reward and
+its std filter) and VeriFree (arxiv.org/abs/2505.21493). The maths is in ``reasonrl.methods.rlcpr.maths``; this module runs
+the forwards. Named in the recipe's ``methods:`` list::
 
     methods:
       - name: rlcpr
@@ -27,6 +28,10 @@ Every step, in ``annotate`` (after scoring and selection, before the advantages)
    p_t; r_final = r̃ − λ_len (T − t*)/T · 1[r̃ ≥ ``gate``] (``algos.rlcpr``).
 4. ``batch.rewards`` = ``coef`` · r_final (``combine: replace``: verifier-free; the recipe's
    reward functions are still logged as ``reward/<name>``) or += it (``combine: add``).
+5. The prompt sampler, when it takes them (``uncertainty`` with ``feedback: method``), gets
+   each group's coef · r_final (``record_rewards``): the uncertainty-aware sampling learns from
+   the probability reward, not from the scorer's, so with ``combine: replace`` and no verifier
+   among the recipe's ``rewards:`` nothing in training reads a verifier (``recipes/rlcpr.yaml``).
 
 The forwards use the plain probabilities (temperature 1), not ``rollout.temperature``: the
 reward is the model's belief in the answer, not a sampling distribution.
@@ -57,7 +62,7 @@ from reasonrl.train.channel_mask import eval_mode
 from reasonrl.params import Range
 from reasonrl.registry import METHODS
 
-__all__ = ["RLCPR", "split_trace", "answer_probabilities", "thin"]
+__all__ = ["RLCPR", "split_trace", "answer_probabilities", "thin", "group_rewards"]
 
 
 def split_trace(pieces: list[str], marker: str, separator: str) -> tuple[int, list[int]]:
@@ -73,6 +78,21 @@ def split_trace(pieces: list[str], marker: str, separator: str) -> tuple[int, li
     trace_len = len(pieces) if at < 0 else bisect.bisect_right(starts, at) - 1
     cuts = {0, trace_len} | {j + 1 for j in range(trace_len) if separator in pieces[j]}
     return trace_len, sorted(cuts)
+
+
+def group_rewards(prompts: list[str], groups: list[int], rewards: list[float]) -> tuple[list[str], list[list[float]]]:
+    """(each group's prompt, its rows' rewards), groups in order of first appearance: what the
+    prompt sampler's ``record_rewards`` takes."""
+    order: dict[int, int] = {}
+    out_prompts: list[str] = []
+    out_rewards: list[list[float]] = []
+    for prompt, group, reward in zip(prompts, groups, rewards):
+        if group not in order:
+            order[group] = len(out_prompts)
+            out_prompts.append(prompt)
+            out_rewards.append([])
+        out_rewards[order[group]].append(float(reward))
+    return out_prompts, out_rewards
 
 
 def thin(boundaries: list[int], max_segments: int) -> list[int]:
@@ -145,6 +165,7 @@ class RLCPR(Method):
         self.max_segments, self.combine, self.coef, self.monitor = max_segments, combine, coef, monitor
         self.micro_batch_size = micro_batch_size
         self.policy = None
+        self.sink = None  # the prompt sampler's record_rewards, when it has one
         self._answers: dict[str, list[int]] = {}
 
     @classmethod
@@ -157,6 +178,7 @@ class RLCPR(Method):
 
     def setup(self, ctx: MethodContext) -> None:
         self.policy = ctx.policy
+        self.sink = getattr(ctx.sampler, "record_rewards", None)  # None: another sampler
         self.micro = self.micro_batch_size or ctx.recipe.train.micro_batch_size
         tok = self.policy.tokenizer
         self._marker_ids = tok(self.marker, add_special_tokens=False)["input_ids"]
@@ -233,6 +255,8 @@ class RLCPR(Method):
             final = reward
         final = self.coef * final.to(batch.rewards.dtype).to(batch.rewards.device)
         batch.rewards = final if self.combine == "replace" else batch.rewards + final
+        if self.sink is not None:
+            self.sink(*group_rewards(batch.meta["prompt"], groups, final.tolist()))
         metrics.update(self._metrics(batch, final, prob[final_j], p_empty, trace_len))
         return metrics
 

@@ -1,9 +1,9 @@
 """RollVerify: verifying a stale partial rollout before resuming it (pure math, no registry).
 
-**Confidence: INFERRED** (spec methods-a §9): no source defines this method; it is assembled from
-neighbours. APRIL (arXiv 2509.18521) recycles incomplete rollouts across weight updates; the
-accept/residual step is speculative sampling (Leviathan et al. 2023, "Fast inference from
-transformers via speculative decoding"; Chen et al. 2023, "Accelerating large language model
+**Confidence: INFERRED** (RollVerify, "verified partial rollouts": paper not located): no source
+defines this method; it is assembled from neighbours. APRIL (arXiv 2509.18521) recycles incomplete
+rollouts across weight updates; the accept/residual step is speculative sampling (Leviathan et al.
+2023, "Fast inference from transformers via speculative decoding"; Chen et al. 2023, "Accelerating large language model
 decoding with speculative sampling"), with the stale policy μ = π_θold as the draft and the
 current π_θ as the target; the max-token form is the Trust Region Masking bound (arXiv 2512.23075).
 

@@ -1,7 +1,7 @@
 """SAVER's grounding score and reliability-gated reference reward, as pure functions.
 
 Source: SAVER (paired dense and sparse views; arXiv id not found). Every formula here is
-INFERRED from the abstract (``specs/methods-c.md`` §1); every constant is a tunable default.
+INFERRED from the abstract (paper not located); every constant is a tunable default.
 
 A prediction ŷ = (t̂_s, t̂_e, â) is an inclusive span of frame indices and an answer.
 

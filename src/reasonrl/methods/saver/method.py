@@ -1,5 +1,5 @@
 """SAVER on the method hooks: paired dense and sparse views with a reliability-gated reference
-reward (arXiv id not found; INFERRED from the abstract, ``specs/methods-c.md`` §1; the maths is in
+reward (paper not located, arXiv id not found; INFERRED from the abstract; the maths is in
 ``reasonrl.methods.saver.maths``; ``docs/methods/saver.md``).
 
 Named in the recipe's ``methods:`` list, with a task that emits each input as two problems, its

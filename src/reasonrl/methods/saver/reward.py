@@ -2,7 +2,7 @@
 ``grounding`` task's (``tasks.grounding``) and SAVER's (``docs/methods/saver.md``).
 
 - ``grounding``: r_g = w_iou · IoU + w_ans · 1[â = a] + w_fmt · 1[parses] (``algos.saver``;
-  INFERRED from SAVER's abstract, ``specs/methods-c.md`` §1: temporal IoU plus answer
+  INFERRED from SAVER's abstract (paper not located): temporal IoU plus answer
   correctness plus a format term; the weights are tunable defaults).
 - ``grounding_hit``: 1 when IoU ≥ ``iou_threshold`` and the answer is right (temporal
   grounding's R@1 at an IoU threshold), the greedy accuracy ``eval.reward`` counts.

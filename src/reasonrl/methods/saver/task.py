@@ -1,5 +1,5 @@
 """An embedded temporal-grounding task with dense and sparse views (SAVER's analogue of video
-frames; arXiv id not found, INFERRED from its abstract in ``specs/methods-c.md`` §1;
+frames; paper not located, arXiv id not found, INFERRED from its abstract;
 ``docs/methods/saver.md``).
 
 An input is a sequence E = (e_0..e_{N-1}) of ``length`` "frames", each a digit. Background

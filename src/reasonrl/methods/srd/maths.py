@@ -1,8 +1,8 @@
 """Self-Retrospection Distillation (SRD): the hindsight context and the foresight loss.
 
 Source: arXiv 2610.08077, "Self-Retrospection Distillation: Turning Post-hoc Experiences into
-Prior Foresight" (Zhang, Chen, Hayashi et al.). Only the abstract and a secondary note were
-available (``specs/methods-b.md`` §2); **the formulas below are INFERRED** from that
+Prior Foresight" (Zhang, Chen, Hayashi et al.; https://arxiv.org/abs/2610.08077). Only the abstract and a
+secondary note were available; **the formulas below are INFERRED** from that
 description, not copied from the paper's Eq. 4–9.
 
 For a prompt x with K scored rollouts τ_1..K, rewards r_k ∈ {0, 1}, and gold answer y*:

@@ -2,7 +2,7 @@
 
 Source: SURGE (fusing an anchor and a donor checkpoint of one RL run by a spectral
 decomposition of their updates). The paper was NOT FOUND; every formula here is INFERRED
-from the abstract as formalised in ``specs/methods-b.md`` §5. Nearest published relatives:
+from the abstract (paper not located). Nearest published relatives:
 SAR / Spectral Rewiring (arXiv 2607.03065) and ResMerge (arXiv 2606.02252).
 
 For one weight matrix with base W₀, anchor W_a and donor W_d (same shape m×n):

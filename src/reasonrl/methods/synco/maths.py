@@ -1,26 +1,26 @@
 """SynCo's rewards, pure: task quality, answer reliability, teachability, the Synthesizer's
 reward and the reliability filter.
 
-**Confidence: INFERRED.** No paper was found; the formalisation is ``specs/methods-a.md`` §5
-(neighbours: SOAR arXiv 2601.18778, Learning to Pose Problems arXiv 2511.09907, Multi-Agent
-Evolve arXiv 2510.23595). The Synthesizer proposes a task τ = (q, a_S); the Reasoner answers it
-M times, â_1..â_M. With p̂ = (1/M) Σ_m 1[â_m = a_S]:
+**Confidence: INFERRED.** Paper: SynCo ("Synthesizer + Reasoner co-trained with multi-agent RL"); paper not
+located; formalised from its abstract (neighbours: SOAR arXiv 2601.18778, Learning to Pose Problems
+arXiv 2511.09907, Multi-Agent Evolve arXiv 2510.23595). The Synthesizer proposes a task τ = (q, a_S);
+the Reasoner answers it M times, â_1..â_M. With p̂ = (1/M) Σ_m 1[â_m = a_S]:
 
-- task quality (§5a, the spec's "well-formedness, dedup or novelty"):
+- task quality (the formalisation's "well-formedness, dedup or novelty"):
   R_q = (1 − ν) · 1[q is of one of the real task's forms] + ν · novelty(q),
   novelty(q) = 1 − max_{b ∈ buffer} J(n-grams(q), n-grams(b)) (character n-grams, Jaccard J;
   1 for an empty buffer, 0 for an exact duplicate). Parsability and a single final answer are
   the validity gate 1[valid] below, not part of R_q. (The form term and ν are this library's
   choice: the spec names no form score.)
-- answer reliability (§5a, majority vote of the Reasoner):
+- answer reliability (majority vote of the Reasoner):
   R_rel = 1[a_S = mode(â)] · (count of the mode)/M. A tie for the mode counts a_S as the mode
   when it is one of the tied answers. An answer the Reasoner did not give (None) is a value of
   its own: it can be the mode, and then R_rel = 0.
   Note: when a_S is the mode, R_rel = p̂, so R_rel ≥ τ_rel implies p̂ ≥ τ_rel.
-- teachability (§5a, the default learnability proxy): R_teach = 4 p̂ (1 − p̂), 1 at p̂ = ½.
-- the Synthesizer's reward (§5a): R_S = 1[valid] · (w_q R_q + w_rel R_rel + w_teach R_teach),
-  w = (0.2, 0.3, 0.5) (§5c).
-- the reliability filter (§5a): the Reasoner trains on τ only if R_rel ≥ τ_rel (0.5, §5c),
+- teachability (the default learnability proxy): R_teach = 4 p̂ (1 − p̂), 1 at p̂ = ½.
+- the Synthesizer's reward: R_S = 1[valid] · (w_q R_q + w_rel R_rel + w_teach R_teach),
+  w = (0.2, 0.3, 0.5) (proposed defaults, not the paper's).
+- the reliability filter: the Reasoner trains on τ only if R_rel ≥ τ_rel (0.5, a proposed default),
   with reward 1[â = a_S].
 """
 
@@ -33,7 +33,7 @@ from typing import Iterable, Optional, Sequence
 __all__ = ["DEFAULT_WEIGHTS", "Agreement", "agreement", "canonical_answer", "char_ngrams", "is_reliable",
            "novelty", "synthesizer_reward", "task_quality", "teachability"]
 
-DEFAULT_WEIGHTS = (0.2, 0.3, 0.5)  # (w_q, w_rel, w_teach), spec §5c
+DEFAULT_WEIGHTS = (0.2, 0.3, 0.5)  # (w_q, w_rel, w_teach), proposed defaults
 
 
 def canonical_answer(answer: Optional[str]) -> Optional[str]:

@@ -1,7 +1,7 @@
 """SynCo on the method hooks: a Synthesizer that proposes tasks, co-trained with the Reasoner
 (the run's policy) that solves them.
 
-**Confidence: INFERRED** (``specs/methods-a.md`` §5; the rewards and their sources are in
+**Confidence: INFERRED** (SynCo, paper not located; formalised from its abstract; the rewards and their sources are in
 ``reasonrl.methods.synco.maths``, the proposal format and parser in ``reasonrl.methods.synco.task``).
 Named in the recipe's ``methods:`` list::
 

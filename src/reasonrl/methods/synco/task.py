@@ -1,8 +1,8 @@
 """The Synthesizer's task for SynCo (``reasonrl.methods.synco.method``): propose a new arithmetic
 problem with its answer, and the parser that reads a proposal back.
 
-**Confidence: INFERRED** (``specs/methods-a.md`` §5: a task τ = (question q, reference answer
-a_S)). The format, in the embedded tokenizer's alphabet ``0123456789+-*()=;#``::
+**Confidence: INFERRED** (SynCo, paper not located; formalised from its abstract: a task
+τ = (question q, reference answer a_S)). The format, in the embedded tokenizer's alphabet ``0123456789+-*()=;#``::
 
     prompt (a seed problem):    (3+4)*5;
     proposal:                   (13+2)*6;13+2=15;15*6=90;####90

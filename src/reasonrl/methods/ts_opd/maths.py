@@ -4,7 +4,7 @@ Source: arXiv 2610.05974, "Transfer-Stratified On-Policy Distillation for RL-Imp
 Reasoning Teachers" (Chen et al.). No public code; only the abstract and a short note are
 verified ("stratify training problems by the sampled success of student and teacher; different
 strata use different KL directions and token gates; add an entropy brake"). The formulas are
-INFERRED in ``specs/methods-b.md`` §6 and implemented as written there:
+INFERRED (paper: https://arxiv.org/abs/2610.05974; formalised from the abstract and a short note):
 
 - **Strata** from the sampled success rates p̂_S(x), p̂_T(x) of student and teacher:
   acquisition A = {p̂_S ≤ δ_lo, p̂_T ≥ δ_hi} (the teacher solves what the student cannot),

@@ -1,5 +1,5 @@
 """TS-OPD on the method hooks: on-policy distillation routed by where the teacher's knowledge
-transfers (``specs/methods-b.md`` §6, INFERRED; the maths and its source are in
+transfers (https://arxiv.org/abs/2610.05974, INFERRED; the maths and its source are in
 ``reasonrl.methods.ts_opd.maths``, the divergences in ``reasonrl.algos.distill``).
 
     methods:
