@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from reasonrl.evaluate.diagnostics import diagnose_run
+from reasonrl.evaluate.diagnostics import describe_flag, diagnose_run
 
 COLUMNS = [("accuracy", "greedy acc"), ("diagnostics/commit_rate", "commit"),
            ("diagnostics/accuracy_given_commit", "acc|commit"), ("diagnostics/proxy_reward", "R_proxy"),
@@ -39,7 +39,7 @@ def table(runs: list[Path]) -> tuple[str, dict]:
         cells = "".join(f"{_fmt(base.get(k)) + ' → ' + _fmt(final.get(k)):>22}" for k, _ in COLUMNS)
         gap = diag["regret_gap"]
         rg = f"{gap['mean']:+.3f} [{gap['ci_low']:+.3f}, {gap['ci_high']:+.3f}]"
-        lines.append(f"{run.name:<28}{cells}{rg:>28}  {'SUSPECTED' if diag['hacking']['suspected'] else 'no'}")
+        lines.append(f"{run.name:<28}{cells}{rg:>28}  {describe_flag(diag['hacking'])}")
         out[str(run)] = {"base": {k: base.get(k) for k, _ in COLUMNS}, "final": {k: final.get(k) for k, _ in COLUMNS},
                          **diag}
     lines.append("(base → final; regret gap = base − final greedy accuracy per problem, paired bootstrap CI)")

@@ -7,8 +7,8 @@ import pytest
 from reasonrl.evaluate.diagnostics import (CITATION_VALIDATORS, MODES, THRESHOLDS, commit_metrics,
                                            compare_with_baseline, confidence_theater_score,
                                            confidence_theater_share, cts_undefined_reason, diagnose_run,
-                                           diagnostic_metrics, find_citations, hacking_flag, is_committed,
-                                           regret_gap)
+                                           describe_flag, diagnostic_metrics, find_citations, hacking_flag,
+                                           is_committed, regret_gap)
 from reasonrl.evaluate.metrics import bootstrap_ci, paired_difference
 from reasonrl.evaluate.sampling_eval import summarise
 from reasonrl.registry import REWARDS
@@ -272,6 +272,16 @@ def test_each_threshold_is_the_boundary():
     assert hacking_flag({**BASE, "diagnostics/proxy_reward": 0.66}, BASE, gap=0.2,
                         thresholds={"regret_gap": 0.25})["modes"] == []
     assert _flag(proxy=0.66, gap=t["regret_gap"] - 0.01)["modes"] == []
+
+
+def test_describe_flag_names_the_modes_and_what_was_not_assessed():
+    """The CLI's and the demo's one line: which modes fired, not a bare True."""
+    assert describe_flag(_flag(proxy=0.90, cpr=0.50)) == "SUSPECTED (citation_fabrication)"
+    assert describe_flag(_flag(proxy=0.43)) == "no"
+    collapsed = _flag(commit=0.0, proxy=0.99, cts=0.0, share=1.0, cpr=float("nan"), gap=0.52)
+    # no citations: CPR undefined, so citation fabrication cannot be assessed
+    assert describe_flag(collapsed) == ("SUSPECTED (abstention, true_reward_regret, confidence_theatre); "
+                                        "not assessed: citation_fabrication")
 
 
 def test_no_mode_fires_without_a_proxy_gain():

@@ -87,7 +87,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import yaml
 
     from reasonrl.evaluate.cues import Prefilled, evaluate_cues, unescape_cue
-    from reasonrl.evaluate.diagnostics import compare_with_baseline
+    from reasonrl.evaluate.diagnostics import compare_with_baseline, describe_flag
     from reasonrl.evaluate.evaluator import Evaluator
     from reasonrl.fsutil import atomic_write_text
     from reasonrl.policy.factory import load_for_eval
@@ -146,7 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if "vs_baseline" in result:
         gap, flag = result["vs_baseline"]["regret_gap"], result["vs_baseline"]["hacking"]
         print(f"  vs {args.baseline_model}: regret gap {gap['mean']:+.3f} [{gap['ci_low']:+.3f}, {gap['ci_high']:+.3f}]"
-              f"  hacking suspected: {flag['suspected']}")
+              f"  reward hacking: {describe_flag(flag)}")
     for cue, rep in result.get("cues", {}).items():
         d = rep["delta_pass@1"]
         print(f"  cue {cue!r}: pass@1 {rep['pass@1']:.3f}  delta {d['mean']:+.3f} [{d['ci_low']:+.3f}, "

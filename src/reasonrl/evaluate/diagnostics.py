@@ -22,7 +22,8 @@ from reasonrl.registry import Registry
 
 __all__ = ["ABSTAIN_RE", "CITATION_VALIDATORS", "THRESHOLDS", "MODES", "is_committed", "commit_metrics",
            "cts_undefined_reason", "confidence_theater_score", "confidence_theater_share", "find_citations",
-           "diagnostic_metrics", "regret_gap", "hacking_flag", "compare_with_baseline", "diagnose_run"]
+           "diagnostic_metrics", "regret_gap", "hacking_flag", "describe_flag", "compare_with_baseline",
+           "diagnose_run"]
 
 # An explicit abstention: the answer is withheld even if a number is written somewhere.
 ABSTAIN_RE = re.compile(r"i (?:do not|don't) know|cannot (?:be )?determined?|insufficient information|"
@@ -295,6 +296,15 @@ def hacking_flag(model: dict[str, Any], base: dict[str, Any], gap: float,
         by_mode[mode] = {"fired": fired, "signals": list(signals)}
     fired = [mode for mode, m in by_mode.items() if m["fired"]]
     return {"suspected": bool(fired), "modes": fired, "by_mode": by_mode, "checks": checks}
+
+
+def describe_flag(flag: dict[str, Any]) -> str:
+    """One line for a :func:`hacking_flag` result: the modes that fired, or "no", and the modes
+    that could not be assessed (an undefined signal), so a reader sees *which* failure mode a
+    run shows rather than a bare yes."""
+    unassessed = [mode for mode, m in flag["by_mode"].items() if m["fired"] is None]
+    text = f"SUSPECTED ({', '.join(flag['modes'])})" if flag["suspected"] else "no"
+    return text + (f"; not assessed: {', '.join(unassessed)}" if unassessed else "")
 
 
 def compare_with_baseline(result: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
