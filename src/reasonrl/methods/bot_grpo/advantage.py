@@ -141,6 +141,18 @@ def bot_token_rewards(
     return torch.where(valid, dense + outcome_weight * outcome.unsqueeze(-1), 0.0)
 
 
+def _check_params(std: str, eps: float, outcome_weight: float) -> None:
+    """The parameters ``bot_grpo`` and its control ``grpo_dense`` share."""
+    if std not in BOT_STDS:
+        raise ValueError(f"advantage.std must be one of {', '.join(BOT_STDS)}; got {std!r}")
+    if isinstance(outcome_weight, bool) or not isinstance(outcome_weight, (int, float)):
+        raise TypeError(f"advantage.outcome_weight must be a number, got {outcome_weight!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"advantage.eps must be a number >= 0, got {eps!r}")
+    if not eps >= 0:
+        raise ValueError(f"advantage.eps must be a number >= 0, got {eps!r}")
+
+
 @ADVANTAGES.register("bot_grpo")
 def bot_grpo(
     token_rewards: Tensor,
@@ -164,14 +176,7 @@ def bot_grpo(
         outcome_weight: weight of the outcome R_i added to every token's dense reward;
             ignored without dense rewards.
     """
-    if std not in BOT_STDS:
-        raise ValueError(f"advantage.std must be one of {', '.join(BOT_STDS)}; got {std!r}")
-    if isinstance(outcome_weight, bool) or not isinstance(outcome_weight, (int, float)):
-        raise TypeError(f"advantage.outcome_weight must be a number, got {outcome_weight!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"advantage.eps must be a number >= 0, got {eps!r}")
-    if not eps >= 0:
-        raise ValueError(f"advantage.eps must be a number >= 0, got {eps!r}")
+    _check_params(std, eps, outcome_weight)
     check_shapes(token_rewards, response_mask, group_ids)
     dense = getattr(batch, "dense_rewards", None)
     truncated = getattr(batch, "truncated", None)
@@ -227,12 +232,7 @@ def grpo_dense(
     """
     if reduce not in DENSE_REDUCTIONS:
         raise ValueError(f"advantage.reduce must be one of {', '.join(DENSE_REDUCTIONS)}; got {reduce!r}")
-    if std not in BOT_STDS:
-        raise ValueError(f"advantage.std must be one of {', '.join(BOT_STDS)}; got {std!r}")
-    if isinstance(outcome_weight, bool) or not isinstance(outcome_weight, (int, float)):
-        raise TypeError(f"advantage.outcome_weight must be a number, got {outcome_weight!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"advantage.eps must be a number >= 0, got {eps!r}")
+    _check_params(std, eps, outcome_weight)
     check_shapes(token_rewards, response_mask, group_ids)
     dense = getattr(batch, "dense_rewards", None)
     if dense is None:
