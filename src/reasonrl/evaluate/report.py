@@ -165,11 +165,12 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None 
     before any file is written."""
     unique: dict[Path, Path] = {}
     for p in map(Path, run_dirs):  # overlapping shell globs (`x_s*` also matches `x_long_s*`) name a run twice;
-        if p.resolve() in unique:  # counted twice it would double a group's n and narrow its interval
+        key = p.resolve()  # counted twice it would double a group's n and narrow its interval
+        if key in unique:
             if warn:
                 warn(f"{p}: named more than once; counted once")
             continue
-        unique[p.resolve()] = p
+        unique[key] = p
     runs = [load_run(p) for p in unique.values()]
     if not runs:
         raise ReportError("report needs at least one run folder")
