@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 
 from reasonrl.config import recipe_from_dict
 from reasonrl.registry import REWARDS
@@ -592,3 +593,24 @@ def registered(**fns):
     finally:
         for name in fns:
             del REWARDS._items[name]
+
+
+def assert_shared_pass_equals_row_pass(pol: HFPolicy, s, groups, **kw):
+    """``pol.completion_logprobs`` on samples ``s`` with ``group_ids=groups`` (the shared paths;
+    ``kw`` e.g. ``length_buckets``) against the row-by-row pass: log-probs and entropies on the
+    mask, and the gradients of Σ logp. Returns the shared pass's (log-probs, entropies)."""
+    args = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
+    results = []
+    for group_ids in (None, groups):
+        pol.model.zero_grad(set_to_none=True)
+        logp, ent = pol.completion_logprobs(*args, group_ids=group_ids, temperature=0.8, with_entropy=True,
+                                            **(kw if group_ids is not None else {}))
+        (logp * s.completion_mask).sum().backward()
+        results.append((logp.detach(), ent.detach(), [p.grad.clone() for p in pol.parameters()]))
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
+    m = s.completion_mask.bool()
+    torch.testing.assert_close(lp_b[m], lp_a[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_b[m], ent_a[m], atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_a, g_b):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    return lp_b, ent_b

@@ -17,21 +17,32 @@ from helpers import MINI_TINY, mini_policy
 ATOL_BF16 = 0.25
 
 
+# Prompts of different lengths; the second set shares an 18-token prefix, which the prefill runs
+# once (reasonrl.policy.prefix), so the decode steps continue a cache with a hole in its mask.
+PROMPT_SETS = {"own": ["1+2;", "(12+3)*4;", "7;"],
+               "shared-prefix": ["1+1=2;2+2=4;3+3=6;1+2;", "1+1=2;2+2=4;3+3=6;(12+3)*4;", "1+1=2;2+2=4;3+3=6;7;"]}
+
+
+@pytest.mark.parametrize("prompts", list(PROMPT_SETS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_step_equals_transformers_decode(dtype):
+def test_fused_step_equals_transformers_decode(dtype, prompts):
     """Prefill, decode steps over left-padded prompts of different lengths, a compaction and more
     steps: the logits equal transformers' decode up to float rounding (products in another order)."""
     from reasonrl.policy.tiny import load_tiny_policy
 
     pol = load_tiny_policy()  # trained: logits of size ~10, so a wrong term would show
     model = pol.model.to(dtype).eval()
-    ids, mask = pol.encode_prompts(["1+2;", "(12+3)*4;", "7;"])
-    pos = position_ids_from_mask(mask)
+    ids, mask = pol.encode_prompts(PROMPT_SETS[prompts])
     ref, fused = HFDecoder(model), FusedLlamaDecoder(model)
     atol = 1e-4 if dtype == torch.float32 else ATOL_BF16
     with torch.no_grad():
-        torch.testing.assert_close(fused.prefill(ids, mask, pos, 2, 12), ref.prefill(ids, mask, pos, 2, 12))
-        mask, pos = mask.repeat_interleave(2, 0), pos[:, -1:].repeat_interleave(2, 0) + 1
+        (a, a_mask, a_last), (b, b_mask, b_last) = ref.prefill(ids, mask, 2, 12), fused.prefill(ids, mask, 2, 12)
+        torch.testing.assert_close(b, a)
+        assert torch.equal(a_mask, b_mask) and torch.equal(a_last, b_last)
+        assert torch.equal(a_last, position_ids_from_mask(mask)[:, -1])  # the prompts' own last positions
+        # The shared prefix sits at the left of every row of the layout, then a hole, then the suffix.
+        assert torch.equal(a_mask, mask) == (prompts == "own")
+        mask, pos = a_mask.repeat_interleave(2, 0), a_last.unsqueeze(1).repeat_interleave(2, 0) + 1
         gen = torch.Generator().manual_seed(0)
         compared = 0
         for t in range(10):

@@ -7,7 +7,7 @@ import torch
 from reasonrl.policy.hf import token_logprobs_and_entropy
 from reasonrl.policy.loading import load_hf_policy
 
-from helpers import assert_every_masked_token_was_sampled, joined, mini_policy
+from helpers import assert_every_masked_token_was_sampled, assert_shared_pass_equals_row_pass, joined, mini_policy
 
 PROMPTS = ["(3+4)*5;", "1+2*3;", "12*9+20;"]
 
@@ -121,21 +121,7 @@ def test_chat_template_wraps_prompts_as_a_user_turn():
 def test_shared_prompt_pass_equals_the_row_by_row_pass_with_gradients():
     pol = mini_policy()
     s = pol.sample(PROMPTS, 4, 10, temperature=1.0, generator=torch.Generator().manual_seed(5))
-    groups = torch.arange(len(PROMPTS)).repeat_interleave(4)
-    args = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
-    results = []
-    for group_ids in (None, groups):
-        pol.model.zero_grad(set_to_none=True)
-        logp, ent = pol.completion_logprobs(*args, group_ids=group_ids, temperature=0.8, with_entropy=True)
-        (logp * s.completion_mask).sum().backward()
-        grads = [p.grad.clone() for p in pol.parameters()]
-        results.append((logp.detach(), ent.detach(), grads))
-    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
-    m = s.completion_mask.bool()
-    torch.testing.assert_close(lp_b[m], lp_a[m], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent_b[m], ent_a[m], atol=1e-5, rtol=1e-5)
-    for a, b in zip(g_a, g_b):
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    assert_shared_pass_equals_row_pass(pol, s, torch.arange(len(PROMPTS)).repeat_interleave(4))
 
 
 @DECODER

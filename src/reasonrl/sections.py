@@ -253,6 +253,11 @@ class TrainConfig:
     share_prompt: bool = True
     """Run each group's prompt once in the training forward and expand its KV cache to the
     group (exact; pays off when prompts are long, e.g. few-shot)."""
+    length_buckets: Annotated[int, Range(ge=1)] = 4
+    """With ``share_prompt``: at most this many forwards per micro-batch, each over rows of similar
+    completion length padded only to its own longest row, so the padding after a short completion
+    is not computed (exact up to float rounding; a model whose forward call costs more than the
+    tokens saved, like the embedded one, keeps one). 1: one forward padded to the longest row."""
     checkpoint_every: Annotated[int, Range(ge=1)] = 50
     keep_checkpoints: int = 2
     max_nonfinite_steps: Annotated[int, Range(ge=1)] = 3

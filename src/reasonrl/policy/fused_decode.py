@@ -1,7 +1,9 @@
 """Decoders for the sampling loop: transformers' own forward, or a fused Llama decode step.
 
 The sampling loop (``reasonrl.policy.sampling``) talks to a decoder through four calls:
-``prefill`` (the prompts, once per distinct prompt, expanded to G rows), ``step`` (one new
+``prefill`` (the prompts, once per distinct prompt, their common prefix once,
+``reasonrl.policy.prefix.prompt_pass``; expanded to G rows; it returns the attention mask of the
+cache's layout and each prompt's last position, which the decode steps continue), ``step`` (one new
 token per live row), ``select`` (keep some rows: compaction) and ``reload`` (the model's
 weights changed in place, e.g. a partial rollout's in-flight update).
 
@@ -29,7 +31,7 @@ of which the products over the weights are ~60 ms). What it changes:
   decode only in float rounding (products in another order), which the behaviour log-probs
   record like any sampler/learner mismatch.
 
-The prefill is transformers' own forward; its cache is copied into the preallocated one.
+The prefill is transformers' own forward (``prompt_pass``); its cache is copied into the preallocated one.
 """
 
 from __future__ import annotations
@@ -38,22 +40,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from reasonrl.policy.prefix import MIN_SHARED_PREFIX, prompt_pass
+
 __all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused"]
 
 
 class HFDecoder:
     """transformers' forward and ``DynamicCache``: works for every causal LM."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, min_prefix: int = MIN_SHARED_PREFIX) -> None:
         self.model = model
         self.cache = None
+        self.min_prefix = min_prefix  # the prompts' common prefix runs once from this many tokens on
 
-    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, g: int, max_new_tokens: int) -> Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        self.cache = out.cache
+    def prefill(self, ids: Tensor, mask: Tensor, g: int, max_new_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
+        last, self.cache, layout, last_pos = prompt_pass(self.model, ids, mask, self.min_prefix)
         # One prefill per distinct prompt; the G samples share it through the expanded cache.
         self.cache.batch_repeat_interleave(g)
-        return out.logits[:, -1].repeat_interleave(g, dim=0)
+        return last.repeat_interleave(g, dim=0), layout, last_pos
 
     def step(self, tok: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
         out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos,
@@ -93,10 +97,11 @@ def require_fused(model) -> None:
 class FusedLlamaDecoder:
     """The Llama decode step over fused weights and a preallocated float32 KV cache."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, min_prefix: int = MIN_SHARED_PREFIX) -> None:
         require_fused(model)
         cfg = model.config
         self.model = model
+        self.min_prefix = min_prefix
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.inter = cfg.intermediate_size
@@ -115,14 +120,14 @@ class FusedLlamaDecoder:
                     _pack(torch.cat([m.gate_proj.weight, m.up_proj.weight])), _pack(m.down_proj.weight)))
             self.head = _pack(self.model.lm_head.weight)
 
-    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor, g: int, max_new_tokens: int) -> Tensor:
+    def prefill(self, ids: Tensor, mask: Tensor, g: int, max_new_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
         self.reload()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        n, p = ids.shape[0] * g, ids.shape[1]
+        last, cache, mask, last_pos = prompt_pass(self.model, ids, mask, self.min_prefix)
+        n, p = ids.shape[0] * g, mask.shape[1]
         k, d = self.kv_heads, self.head_dim
         self.length, self.cur = p + max_new_tokens, p
         self.keys, self.values = [], []
-        for layer in out.cache.layers:  # [prompts, K, P, d], rotary embedding applied
+        for layer in cache.layers:  # [prompts, K, P, d], rotary embedding applied
             kt = torch.zeros(n, k, d, self.length)
             kt[..., :p] = layer.keys.repeat_interleave(g, dim=0).transpose(-1, -2)
             v = torch.zeros(n, k, self.length, d)
@@ -133,7 +138,7 @@ class FusedLlamaDecoder:
         # (left padding, and positions not yet written).
         self.bias = torch.full((n, 1, self.length), float("-inf"))
         self.bias[:, 0, :p].masked_fill_(mask.repeat_interleave(g, dim=0).bool(), 0.0)
-        return out.logits[:, -1].repeat_interleave(g, dim=0)
+        return last.repeat_interleave(g, dim=0), mask, last_pos
 
     def select(self, keep: Tensor) -> None:
         self.keys = [kt[keep] for kt in self.keys]
@@ -197,9 +202,9 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def make_decoder(model, name: str):
+def make_decoder(model, name: str, min_prefix: int = MIN_SHARED_PREFIX):
     if name == "hf":
-        return HFDecoder(model)
+        return HFDecoder(model, min_prefix)
     if name == "fused":
-        return FusedLlamaDecoder(model)
+        return FusedLlamaDecoder(model, min_prefix)
     raise ValueError(f"unknown decoder {name!r}: expected 'hf' or 'fused'")

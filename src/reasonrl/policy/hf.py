@@ -13,6 +13,7 @@ Log-prob passes compute LM-head logits only at completion positions.
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import nullcontext
 from dataclasses import fields, replace
 from pathlib import Path
@@ -24,6 +25,8 @@ from torch import Tensor
 from transformers.utils import logging as hf_logging
 
 from reasonrl.algos.masked import group_first_rows, group_inverse
+from reasonrl.policy.prefix import (MIN_SHARED_PREFIX, completion_lengths, fork_cache, length_buckets as length_buckets_of,
+                                    prompt_pass)
 from reasonrl.policy.sampling import Samples, cut_at_stop, position_ids_from_mask, sample_completions
 
 __all__ = ["HFPolicy", "Samples", "cut_at_stop", "position_ids_from_mask", "token_logprobs_and_entropy"]
@@ -65,6 +68,12 @@ class HFPolicy:
         # weights, gradients and optimiser; bf16 matmuls). None: the weights' own dtype.
         self.autocast: torch.dtype | None = None
         self.decoder = "hf"  # the sampling loop's decode step: "hf" (any model) or "fused" (Llama; fused_decode)
+        # What one more training forward costs, in completion tokens, when rows are split into
+        # length buckets (None: estimated from the model's size, see _bucket_overhead).
+        self.bucket_overhead: int | None = None
+        # The fewest common leading prompt tokens worth a forward of their own, in training and in
+        # the sampler's prefill (reasonrl.policy.prefix).
+        self.min_shared_prefix = MIN_SHARED_PREFIX
 
     def to(self, device: str | torch.device) -> "HFPolicy":
         """Move the model to ``device`` (in place; the policy's inputs follow, see :meth:`on_device`)."""
@@ -131,7 +140,8 @@ class HFPolicy:
             with self.compute():
                 samples = sample_completions(self.model, self.tokenizer, ids, mask, num_generations,
                                              max_new_tokens, temperature, generator, stop, refresh=refresh,
-                                             compact=compact, decoder=self.decoder, interrupt=interrupt)
+                                             compact=compact, decoder=self.decoder, interrupt=interrupt,
+                                             min_prefix=self.min_shared_prefix)
         finally:
             self.model.train(was_training)
         return to_cpu(samples)  # batches live on the CPU between stages (reasonrl.devices)
@@ -148,7 +158,8 @@ class HFPolicy:
         try:
             with self.compute():
                 samples = sample_completions(self.model, self.tokenizer, *self.on_device(ids, mask), 1, max_new_tokens,
-                                             temperature, generator, stop, refresh=refresh, decoder=self.decoder)
+                                             temperature, generator, stop, refresh=refresh, decoder=self.decoder,
+                                             min_prefix=self.min_shared_prefix)
         finally:
             self.model.train(was_training)
         return to_cpu(samples)
@@ -227,35 +238,18 @@ class HFPolicy:
 
         With ``group_ids`` (rows of one group share their prompt), each distinct prompt
         runs through the model once and its KV cache is expanded to the group's rows,
-        as in sampling; gradients flow back through the shared prompt computation, so
-        the result equals the row-by-row pass (the "Prefix Grouper" idea) at a fraction
-        of the prompt cost: G× fewer prompt tokens.
+        as in sampling, after the prompts' common prefix, run once (``reasonrl.policy.prefix``);
+        gradients flow back through the shared computation, so the result equals the row-by-row
+        pass (the "Prefix Grouper" idea) at a fraction of the prompt cost.
         """
-        t = completion_ids.shape[1]
         prompt_ids, prompt_mask, completion_ids, completion_mask = self.on_device(
             prompt_ids, prompt_mask, completion_ids, completion_mask)
-        # Under gradient checkpointing transformers drops the cache the shared prompt needs: row by
-        # row instead (the same numbers, see above).
-        if group_ids is not None and not self.recomputes_activations():
-            inverse, num_groups = group_inverse(group_ids)
-            if num_groups < len(group_ids):
-                first = group_first_rows(inverse, num_groups)
-                p_ids, p_mask = prompt_ids[first], prompt_mask[first]
-                pos = position_ids_from_mask(p_mask)
-                with self.compute():
-                    out = self.model(input_ids=p_ids, attention_mask=p_mask, position_ids=pos, use_cache=True,
-                                     logits_to_keep=1)
-                    cache = out.cache
-                    cache.batch_select_indices(inverse)  # differentiable expansion to every row
-                    mask = torch.cat([p_mask[inverse], completion_mask.to(p_mask.dtype)], dim=1)
-                    c_pos = pos[inverse, -1:] + 1 + torch.arange(t, device=pos.device)
-                    rest = self.model(input_ids=completion_ids, attention_mask=mask, position_ids=c_pos,
-                                      cache=cache, use_cache=True, logits_to_keep=t)
-                # The prompt's last position predicts the first completion token.
-                return torch.cat([out.logits[inverse, -1:], rest.logits[:, :-1]], dim=1)
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-        return self._tail_logits(input_ids, attention, t)
+        if self._shares_prompts(group_ids):
+            everyone = torch.arange(len(completion_ids), device=completion_ids.device)
+            (_, logits), = self._completion_blocks(prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                                   group_ids, [everyone], completion_ids.shape[1])
+            return logits
+        return self._row_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     def completion_logprobs(
         self,
@@ -266,14 +260,95 @@ class HFPolicy:
         group_ids: Tensor | None = None,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        length_buckets: int = 1,
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of the completion tokens, with gradients (see
-        :meth:`completion_logits` for the shared-prompt path)."""
-        # Moved once here; completion_logits then finds them on the device.
+        :meth:`completion_logits` for the shared-prompt path).
+
+        ``length_buckets`` > 1 (``train.length_buckets``, with ``group_ids``): the rows run in
+        up to that many forwards of similar completion length, each padded only to its own
+        longest row (``reasonrl.policy.prefix.length_buckets``); positions after that longest row
+        are then not computed and read 0 (they are all after the row's last attended token)."""
         prompt_ids, prompt_mask, completion_ids, completion_mask = self.on_device(
             prompt_ids, prompt_mask, completion_ids, completion_mask)
-        logits = self.completion_logits(prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids)
-        return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
+        if not self._shares_prompts(group_ids):
+            logits = self._row_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
+            return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
+        n, t = completion_ids.shape
+        buckets = []
+        if length_buckets > 1:
+            # Every row keeps >= 1 position, so a batch of empty rows still has a graph.
+            buckets = length_buckets_of(completion_lengths(completion_mask).clamp(min=1), length_buckets,
+                                        self._bucket_overhead())
+        # One bucket: the rows in their own order, full width, as with length_buckets 1 (the same
+        # numbers to the bit).
+        width = None if len(buckets) > 1 else t
+        if width is not None:
+            buckets = [torch.arange(n, device=completion_ids.device)]
+        blocks = self._completion_blocks(prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids,
+                                         buckets, width)
+        if len(blocks) == 1 and width == t:
+            return token_logprobs_and_entropy(blocks[0][1], completion_ids, temperature, with_entropy)
+        logp = completion_ids.new_zeros((n, t), dtype=torch.float32)
+        entropy = logp.clone() if with_entropy else None
+        for rows, logits in blocks:
+            lp, ent = token_logprobs_and_entropy(logits, completion_ids[rows, :logits.shape[1]], temperature,
+                                                 with_entropy)
+            pad = t - lp.shape[1]
+            logp = logp.index_put((rows,), F.pad(lp, (0, pad)))
+            if with_entropy:
+                entropy = entropy.index_put((rows,), F.pad(ent, (0, pad)))
+        return logp, entropy
+
+    def _shares_prompts(self, group_ids: Tensor | None) -> bool:
+        """Whether the shared-prompt path runs: some group has two rows here, and the model keeps a
+        KV cache (under gradient checkpointing transformers drops it). Otherwise row by row, the
+        same numbers (see completion_logits)."""
+        if group_ids is None or self.recomputes_activations():
+            return False
+        return group_inverse(group_ids)[1] < len(group_ids)
+
+    def _row_logits(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> Tensor:
+        """Each row's prompt and completion as one sequence: the reference the shared paths equal."""
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+        return self._tail_logits(input_ids, attention, completion_ids.shape[1])
+
+    def _bucket_overhead(self) -> int:
+        """One more forward call's cost in completion tokens: a fixed ~1.5 ms per decoder layer for
+        the call (forward and backward) against ~6 FLOPs per parameter per token at ~1e11 FLOP/s
+        (2 CPU cores). SmolLM2-135M: ~6 tokens; the embedded 0.66M model: ~10^5, so it never splits."""
+        if self.bucket_overhead is not None:
+            return self.bucket_overhead
+        layers = getattr(self.model.config, "num_hidden_layers", 1)
+        params = sum(p.numel() for p in self.model.parameters())
+        return max(1, math.ceil(layers * 1.5e-3 / (6 * params / 1e11)))
+
+    def _completion_blocks(self, prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids,
+                           buckets: list[Tensor], width: int | None) -> list[tuple[Tensor, Tensor]]:
+        """``(rows, logits [len(rows), w, V])`` for each bucket of rows: ``w`` is ``width``, or the
+        bucket's longest completion when ``width`` is None. One prompt pass serves every bucket."""
+        inverse, num_groups = group_inverse(group_ids.to(completion_ids.device))
+        first = group_first_rows(inverse, num_groups)
+        lengths = completion_lengths(completion_mask).clamp(min=1) if width is None else None
+        blocks = []
+        with self.compute():
+            last_logits, cache, layout, last_pos = prompt_pass(self.model, prompt_ids[first], prompt_mask[first],
+                                                               self.min_shared_prefix)
+            for rows in buckets:
+                w = width if width is not None else int(lengths[rows].max())
+                prompts = inverse[rows]
+                # The prompt's last position predicts the first completion token.
+                head = last_logits[prompts].unsqueeze(1)
+                if w == 1:
+                    blocks.append((rows, head))
+                    continue
+                mask = torch.cat([layout[prompts], completion_mask[rows, :w].to(layout.dtype)], dim=1)
+                pos = last_pos[prompts].unsqueeze(1) + 1 + torch.arange(w, device=last_pos.device)
+                rest = self.model(input_ids=completion_ids[rows, :w], attention_mask=mask, position_ids=pos,
+                                  cache=fork_cache(cache, prompts), use_cache=True, logits_to_keep=w)
+                blocks.append((rows, torch.cat([head, rest.logits[:, :-1]], dim=1)))
+        return blocks
 
     # -- weights ----------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -359,6 +434,7 @@ class HFPolicy:
         twin = HFPolicy(model, self.tokenizer, self.device)
         twin.chat_template = self.chat_template
         twin.decoder = self.decoder
+        twin.bucket_overhead, twin.min_shared_prefix = self.bucket_overhead, self.min_shared_prefix
         twin.autocast = None if dtype is not None else self.autocast  # a cast copy computes in its own dtype
         return twin
 

@@ -104,23 +104,25 @@ def sample_completions(
     compact: bool = True,
     decoder: str = "hf",
     interrupt: Callable[[], bool] | None = None,
+    min_prefix: int | None = None,
 ) -> Samples:
     """Sample ``num_generations`` completions for each prompt row of ``ids``/``mask`` (left-padded).
 
     See ``HFPolicy.sample`` for the ending rules, ``refresh``, ``interrupt``, ``compact`` and
-    ``decoder``."""
+    ``decoder``; ``min_prefix``: the fewest common leading tokens the prefill runs once
+    (``reasonrl.policy.prefix``; None: its default)."""
     from reasonrl.policy.fused_decode import make_decoder
 
     eos, pad, device = tokenizer.eos_token_id, tokenizer.pad_token_id, ids.device
     prompt_ids, prompt_mask = ids, mask
-    dec = make_decoder(model, decoder)
+    dec = make_decoder(model, decoder) if min_prefix is None else make_decoder(model, decoder, min_prefix)
     draw = _draw_inverse_cdf if decoder == "fused" else _draw_multinomial
     version = int(refresh()) if refresh is not None else 0
-    pos = position_ids_from_mask(mask)
     g = num_generations
-    logits = dec.prefill(ids, mask, pos, g, max_new_tokens)
+    # The decode steps continue the prefill's layout (its mask; each prompt's last position).
+    logits, mask, last_pos = dec.prefill(ids, mask, g, max_new_tokens)
     mask = mask.repeat_interleave(g, dim=0)
-    next_pos = pos[:, -1:].repeat_interleave(g, dim=0) + 1
+    next_pos = last_pos.unsqueeze(1).repeat_interleave(g, dim=0) + 1
     n = mask.shape[0]
     # Per-row bookkeeping, indexed by original row; ``live`` holds the original indices of the
     # rows in the decode batch (all of them without compaction, finished ones included).

@@ -36,7 +36,8 @@ def prepare_behaviour(batch: RolloutBatch, recipe, policy, version: int, source_
     several_steps = r.train.num_iterations > 1 or 0 < r.train.mini_batch_size < len(batch)
     proximal = None
     if several_steps or r.off_policy is not None or (source_off_policy and measure):
-        proximal = batch_logprobs(policy, batch, r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt)
+        proximal = batch_logprobs(policy, batch, r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt,
+                                  r.train.length_buckets)
     if several_steps or r.off_policy is not None:
         batch.old_logprobs = proximal
     if not (source_off_policy or r.off_policy is not None):

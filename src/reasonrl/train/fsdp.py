@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,10 @@ class ShardedLearner(Learner):
         self.policy = HFPolicy.__new__(HFPolicy)
         # bf16 comes from FSDP2's mixed precision on the shards, not from autocast.
         self.policy.__dict__.update(policy.__dict__, model=trained, autocast=None)
+        # FSDP2's collectives need every rank in every forward, so each micro-batch must take the
+        # same number of forwards on every rank: no batch-dependent extra forward for a common
+        # prompt prefix or for length buckets (reasonrl.policy.prefix) on the sharded learner.
+        self.policy.min_shared_prefix = self.policy.bucket_overhead = sys.maxsize
         self.full = policy if self.rank == 0 else None
         self.whole_groups = takes_group_ids(POLICY_LOSSES.get(recipe.loss.policy))
 

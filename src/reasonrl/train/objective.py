@@ -25,9 +25,8 @@ from torch import Tensor
 from reasonrl.algos.losses import aggregate
 from reasonrl.algos.masked import masked_sum
 from reasonrl.batch import RolloutBatch
-from reasonrl.params import ConfigError
+from reasonrl.params import ConfigError, inject
 from reasonrl.sections import LossConfig
-from reasonrl.params import inject
 from reasonrl.policy.hf import HFPolicy, token_logprobs_and_entropy
 from reasonrl.registry import KL_ESTIMATORS, POLICY_LOSSES
 
@@ -92,10 +91,12 @@ def completion_logits(policy: HFPolicy, batch: RolloutBatch, share_prompt: bool 
 
 
 def completion_logprobs(policy: HFPolicy, batch: RolloutBatch, temperature: float, share_prompt: bool,
-                        with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-    return policy.completion_logprobs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                      batch.completion_mask, batch.group_ids if share_prompt else None,
-                                      temperature=temperature, with_entropy=with_entropy)
+                        with_entropy: bool = False, length_buckets: int = 1) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of the batch's completion tokens; ``length_buckets``: see
+    ``HFPolicy.completion_logprobs`` (a stand-in policy without the parameter is called without it)."""
+    return inject(policy.completion_logprobs, (batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                               batch.completion_mask, batch.group_ids if share_prompt else None),
+                  {"length_buckets": length_buckets}, {"temperature": temperature, "with_entropy": with_entropy})
 
 
 @dataclass
@@ -121,9 +122,10 @@ LossTerm = Callable[[TermInputs], "tuple[Tensor, dict[str, float]]"]
 
 def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, totals: Totals,
                      temperature: float, share_prompt: bool, terms: Sequence[LossTerm] = (),
-                     mini: RolloutBatch | None = None) -> tuple[Tensor, dict[str, float]]:
+                     mini: RolloutBatch | None = None, length_buckets: int = 1) -> tuple[Tensor, dict[str, float]]:
     """Returns the loss to back-propagate and summed statistics for metrics. ``terms``: the
-    methods' extra loss terms (``Method.loss_term``), each added as it returns it."""
+    methods' extra loss terms (``Method.loss_term``), each added as it returns it;
+    ``length_buckets``: ``train.length_buckets`` (a term needs full logits: one forward then)."""
     if totals.group_rows is not None:  # before the forward pass: fail fast
         check_whole_groups(micro, totals.group_rows, cfg.policy)
     device = getattr(policy, "device", None)  # a stand-in policy without one computes where its inputs are
@@ -134,7 +136,8 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
         logits = completion_logits(policy, micro, share_prompt)
         logp, entropy = token_logprobs_and_entropy(logits, micro.completion_ids, temperature, with_entropy=True)
     else:
-        logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True)
+        logp, entropy = completion_logprobs(policy, micro, temperature, share_prompt, with_entropy=True,
+                                            length_buckets=length_buckets)
     # With one optimisation pass over freshly sampled data, π_old = π_θ: no extra forward pass.
     old = micro.old_logprobs if micro.old_logprobs is not None else logp.detach()
     loss_fn = POLICY_LOSSES.get(cfg.policy)
@@ -175,9 +178,10 @@ def reduce_stats(sums: dict[str, float], optimizer_steps: int) -> dict[str, floa
 
 @torch.no_grad()
 def batch_logprobs(policy: HFPolicy, batch: RolloutBatch, micro_batch_size: int, temperature: float,
-                   share_prompt: bool) -> Tensor:
+                   share_prompt: bool, length_buckets: int = 1) -> Tensor:
     """Log-probs of the batch's completion tokens under ``policy`` (old or reference policy)."""
-    parts = [completion_logprobs(policy, m, temperature, share_prompt)[0].cpu() for m in batch.split(micro_batch_size)]
+    parts = [completion_logprobs(policy, m, temperature, share_prompt, length_buckets=length_buckets)[0].cpu()
+             for m in batch.split(micro_batch_size)]
     return torch.cat(parts) * batch.completion_mask
 
 
@@ -194,6 +198,6 @@ def policy_loss_fn(policy: HFPolicy, recipe, terms: Sequence[LossTerm] = ()):
         if current["mini"] is not mini:
             current.update(mini=mini, totals=totals(mini, r.loss, r.rollout.max_new_tokens))
         return micro_batch_loss(policy, micro, r.loss, current["totals"], r.rollout.temperature, r.train.share_prompt,
-                                terms, mini)
+                                terms, mini, r.train.length_buckets)
 
     return loss_fn

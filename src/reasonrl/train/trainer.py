@@ -336,15 +336,15 @@ class Trainer:
 
     def _prepare_advantages(self, batch: RolloutBatch, step: int) -> None:
         r = self.recipe
-        mb, temp, share = r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt
+        mb, temp, share, buckets = r.train.micro_batch_size, r.rollout.temperature, r.train.share_prompt, r.train.length_buckets
         if self.ref_policy is not None:
-            batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp, share)
+            batch.ref_logprobs = batch_logprobs(self.ref_policy, batch, mb, temp, share, buckets)
         # Credit is computed on every trained token; masking truncated rows is the loss's business
         # (as in TRL), so a masked row still counts in its group's baseline.
         mask = batch.response_mask
         batch.token_rewards = outcome_token_rewards(batch)
         if self.ref_policy is not None and r.loss.kl.in_reward:
-            logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp, share)
+            logp = batch.old_logprobs if batch.old_logprobs is not None else batch_logprobs(self.policy, batch, mb, temp, share, buckets)
             kl = KL_ESTIMATORS.get(r.loss.kl.estimator)(logp, batch.ref_logprobs)
             batch.token_rewards = apply_kl_to_rewards(batch.token_rewards, kl, mask, r.loss.kl.coef)
         # The batch.aux keys an advantage declares reading (the critic's ``values``) reach it by name.
