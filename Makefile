@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: quickstart test embedded bench bench-trl mutants vllm-env clean
+.PHONY: quickstart test embedded bench bench-trl mutants vllm-env verifiers-env clean
 
 # The vLLM rollout engine's own environment (rollout.engine: vllm; docs/vllm.md). The CPU build
 # of vLLM pins transformers below what reasonrl resolves, so it lives beside .venv and its engine
@@ -36,6 +36,21 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
+# The verifiers worker's own environment (task: {name: verifiers}; docs/environments.md).
+# verifiers pins uvicorn>=0.52 and Flower (reasonrl[fed], in .venv) uvicorn<0.50, so environments
+# written with verifiers run in a worker process under this interpreter (REASONRL_VERIFIERS_PYTHON),
+# which needs no torch. Install an environment's package here too.
+VF_VENV ?= .venv-verifiers
+VF_STAMP := $(VF_VENV)/.installed
+
+$(VF_STAMP):
+	python3 -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install --quiet "verifiers>=0.4,<0.5"
+	$(VF_VENV)/bin/python -c "import verifiers.v1"
+	touch $(VF_STAMP)
+
+verifiers-env: $(VF_STAMP)
+
 quickstart: $(STAMP)
 	$(PY) -m reasonrl.cli quickstart $(ARGS)
 
@@ -45,9 +60,11 @@ quickstart: $(STAMP)
 # The files that take minutes are handed out first (tests/conftest.py, SLOW_FILES).
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
-# The vLLM engine's tests run against .venv-vllm (made first; ~3 min, once).
-test: $(STAMP) $(VLLM_STAMP)
-	REASONRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+# The vLLM engine's tests run against .venv-vllm (made first; ~3 min, once), the verifiers
+# environments' against .venv-verifiers (~20 s, once).
+test: $(STAMP) $(VLLM_STAMP) $(VF_STAMP)
+	REASONRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python REASONRL_VERIFIERS_PYTHON=$(abspath $(VF_VENV))/bin/python \
+		$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # Regenerate the embedded model's shipped weights (src/reasonrl/policy/embedded/) after a
 # change to the default TinySpec or WARMUP_VERSION; about a minute on 2 cores.
@@ -67,4 +84,4 @@ bench-trl: $(STAMP)
 	$(PY) benchmarks/vs_trl.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VF_VENV) runs .pytest_cache

@@ -20,8 +20,22 @@ STALE = f"the shipped embedded model is stale or missing: run `{REBUILD_COMMAND}
 
 
 def test_shipped_files_exist():
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", SPEC_FILE):
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", SPEC_FILE):
         assert (EMBEDDED_DIR / name).is_file(), f"{EMBEDDED_DIR / name} is missing; {STALE}"
+
+
+def test_the_shipped_tokenizers_chat_template_renders_a_task_prompt_as_itself():
+    """An environment that speaks chat (docs/environments.md) asks the embedded model with the
+    very text of a task prompt: the system message is left out, the others follow in order."""
+    from transformers import AutoTokenizer
+
+    from reasonrl.policy.char_tokenizer import PLAIN_CHAT_TEMPLATE
+
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_DIR)
+    assert tok.chat_template == PLAIN_CHAT_TEMPLATE
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "(1+2)*3;"},
+                {"role": "assistant", "content": "1+2=3;3*3=9;####9"}, {"role": "user", "content": "4+4;"}]
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == "(1+2)*3;1+2=3;3*3=9;####94+4;"
 
 
 def test_shipped_key_is_the_default_spec_key():

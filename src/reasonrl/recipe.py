@@ -166,7 +166,19 @@ def _check_semantics(r: Recipe, where: str) -> None:
          f"eval.k must lie in 1..eval.n (n={r.eval.n}); got {r.eval.k}")
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), where, f"rewards: each reward function may appear once, got {names}")
-    need(bool(names), where, "rewards: at least one reward function is required")
+    task_cls = registered(registry.TASKS, r.task.name, where, "task.name")
+    need(bool(names) or hasattr(task_cls, "rollout_sampler"), where,
+         "rewards: at least one reward function is required (only a task that scores its own rollouts, "
+         "a verifiers environment, may have none)")
+    if hasattr(task_cls, "rollout_sampler"):  # the task runs its episodes itself (verifiers)
+        ro = r.rollout
+        need(ro.source == "sync" and ro.engine == "local" and not ro.simulated_staleness and not ro.simulated_partial,
+             where, f"task '{r.task.name}' runs its own rollouts through an endpoint over the policy: it needs "
+                    "rollout.source: sync and rollout.engine: local, without simulated staleness or partial rollouts "
+                    "(the other sources are not wired to it yet)")
+        need(r.env is None, where, f"task '{r.task.name}' runs its environment's own episodes: drop env")
+        need(not r.eval.size, where, f"task '{r.task.name}' is scored by its environment's rubric, which the evaluator "
+                                     "does not run yet: set eval.size: 0 (the training reward is logged as reward/env)")
     if r.env is not None:
         check_episodes(r, lambda cond, msg: need(cond, where, msg))
     source = registered(registry.ROLLOUT_SOURCES, r.rollout.source, where, "rollout.source")

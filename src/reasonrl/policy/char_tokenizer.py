@@ -12,6 +12,9 @@ from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 ARITHMETIC_CHARS = "0123456789+-*()=;#"
+# The messages' texts in order, a system message left out: a chat request (an environment that
+# speaks the OpenAI API) renders to the very text a plain prompt of the task is.
+PLAIN_CHAT_TEMPLATE = "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['content'] }}{% endif %}{% endfor %}"
 
 
 def build_char_tokenizer(chars: str = ARITHMETIC_CHARS) -> PreTrainedTokenizerFast:
@@ -25,4 +28,5 @@ def build_char_tokenizer(chars: str = ARITHMETIC_CHARS) -> PreTrainedTokenizerFa
         tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
     )
     tok.padding_side = "left"
+    tok.chat_template = PLAIN_CHAT_TEMPLATE
     return tok

@@ -106,8 +106,6 @@ class Scorer:
 
     def __init__(self, specs: list[RewardSpec], default_timeout_s: float = DEFAULT_TIMEOUT_S,
                  default_memory_mb: int = DEFAULT_MEMORY_MB) -> None:
-        if not specs:
-            raise ValueError("rewards: at least one reward function is required")
         if not _valid_timeout(default_timeout_s):
             raise ValueError(f"rollout.reward_timeout_s must be a number > 0, got {default_timeout_s!r}")
         if not _valid_memory(default_memory_mb):
@@ -138,8 +136,11 @@ class Scorer:
 
     def __call__(self, completions: list[str], problems: list[Problem], num_tokens: list[int],
                  truncated: list[bool], group_size: int = 1) -> Scores:
-        """Rows ``[k·group_size, (k+1)·group_size)`` answer one problem (the sampler's layout)."""
+        """Rows ``[k·group_size, (k+1)·group_size)`` answer one problem (the sampler's layout).
+        No reward functions (a task that scores its own rollouts): every total is 0."""
         n = min(len(completions), len(problems), len(num_tokens), len(truncated))
+        if not self.specs:
+            return Scores(total=[0.0] * n, per_function={}, failures={})
         jobs: list[list[Job]] = []
         for k in range(len(self.specs)):
             if self._group[k]:

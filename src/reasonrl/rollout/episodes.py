@@ -51,9 +51,12 @@ def sample_problems(sampler, problems, num_generations: int, max_new_tokens: int
                           generator=generator, stop=stop, **kwargs)
 
 
-def rollout_sampler(policy, recipe):
-    """What samples rollouts (and evaluations) for ``recipe``: ``policy`` itself, or the
-    episode sampler over it when the recipe has an ``env``."""
+def rollout_sampler(policy, recipe, task=None):
+    """What samples rollouts (and evaluations) for ``recipe``: the task's own rollout when it
+    runs its episodes itself (``task.rollout_sampler``: a verifiers environment), the episode
+    sampler over ``policy`` when the recipe has an ``env``, else ``policy`` itself."""
+    if task is not None and hasattr(task, "rollout_sampler"):
+        return task.rollout_sampler(policy, recipe)
     return EpisodeRollout(policy, recipe) if recipe.env is not None else policy
 
 

@@ -149,7 +149,8 @@ class SyncSource(RolloutSource):
         if self.k_steps:
             self.snapshots[0] = (0, ctx.policy.weights())
         self.partial = PartialRollout(self.behaviour, ctx.policy, r) if r.rollout.simulated_partial else None
-        self.episodes = rollout_sampler(self.behaviour, r) if r.env is not None else None
+        own = hasattr(ctx.task, "rollout_sampler")  # a task that runs its episodes (verifiers)
+        self.episodes = rollout_sampler(self.behaviour, r, ctx.task) if r.env is not None or own else None
 
     @classmethod
     def check(cls, recipe, need) -> None:

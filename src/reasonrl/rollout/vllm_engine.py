@@ -29,12 +29,8 @@ engine in a process of its own (``reasonrl.rollout.vllm_worker``, JSON lines ove
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +43,7 @@ import torch
 from reasonrl.policy.loading import resolve_model_path
 from reasonrl.policy.sampling import Samples, cut_at_stop, right_pad
 from reasonrl.rollout.vllm_worker import SCRATCH_ENV
+from reasonrl.isolation.worker_process import WorkerError, WorkerProcess
 
 __all__ = ["EngineError", "EngineProcess", "VLLMSampler", "engine_python", "check_vllm", "uses_vllm",
            "VLLM_PYTHON_ENV", "VLLM_INSTALL"]
@@ -57,10 +54,9 @@ VLLM_INSTALL = ("pip install 'reasonrl[vllm]' on a GPU machine; on a CPU-only ma
 WORKER = Path(__file__).with_name("vllm_worker.py")
 # vLLM's LoRA kernels take these maximum ranks; an adapter of rank r needs the first one >= r.
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-LOG_TAIL_LINES = 20
 
 
-class EngineError(RuntimeError):
+class EngineError(WorkerError):
     """The vLLM engine failed, died or did not answer in time; the message says which call."""
 
 
@@ -104,115 +100,17 @@ def check_vllm(recipe, need: Callable[[bool, str], None]) -> None:
         need(os.access(python, os.X_OK), f"{VLLM_PYTHON_ENV}={python} is not an executable file")
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(text[-lines:]) or "(empty log)"
+class EngineProcess(WorkerProcess):
+    """The engine's process (``reasonrl.isolation.worker_process``); ``command`` defaults to
+    ``[engine_python(), vllm_worker.py]``."""
 
-
-class EngineProcess:
-    """One engine process and its request pipe; every call has a deadline.
-
-    ``command`` defaults to ``[engine_python(), vllm_worker.py]``; the pipes' descriptors are
-    appended. The process leads a session of its own, so ending it ends vLLM's engine core
-    and workers with it."""
+    who = "the vLLM engine"
+    timeout_key = "rollout.engine_timeout_s"
+    error = EngineError
 
     def __init__(self, log_path: Path, timeout_s: float, command: list[str] | None = None,
                  env: dict[str, str] | None = None) -> None:
-        self.log_path, self.timeout_s = Path(log_path), timeout_s
-        command = command or [engine_python() or sys.executable, str(WORKER)]
-        req_r, self.req_w = os.pipe()
-        self.rep_r, rep_w = os.pipe()
-        self.log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen([*command, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w),
-                                         stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env={**os.environ, **(env or {})})
-        finally:
-            os.close(req_r)
-            os.close(rep_w)
-        os.set_blocking(self.req_w, False)
-        self.buffer = b""
-        self.failed = False  # it hung, died or raised: its log explains why, keep it
-
-    def call(self, op: str, timeout: float | None = None, **payload) -> dict[str, Any]:
-        """Send one request and wait for its answer, at most ``timeout`` (default: the engine's)
-        seconds; past it the engine is killed and :class:`EngineError` raised."""
-        timeout = self.timeout_s if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        self._write((json.dumps({"op": op, **payload}) + "\n").encode(), deadline, op, timeout)
-        reply = json.loads(self._readline(deadline, op, timeout))
-        if not reply.pop("ok"):
-            self.failed = True
-            error = reply["error"].strip()
-            raise EngineError(f"the vLLM engine failed in '{op}': {error.splitlines()[-1]}\n{error}")
-        return reply
-
-    def _write(self, data: bytes, deadline: float, op: str, timeout: float) -> None:
-        while data:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self.req_w], [], left)[1]:
-                self._hung(op, timeout)
-            try:
-                data = data[os.write(self.req_w, data):]
-            except BrokenPipeError:
-                self._died(op)
-
-    def _readline(self, deadline: float, op: str, timeout: float) -> bytes:
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.rep_r], [], [], left)[0]:
-                self._hung(op, timeout)
-            chunk = os.read(self.rep_r, 1 << 20)
-            if not chunk:
-                self._died(op)
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
-
-    def _hung(self, op: str, timeout: float):
-        self.failed = True
-        self.kill()
-        raise EngineError(f"the vLLM engine did not answer '{op}' within {timeout:g} s (rollout.engine_timeout_s) "
-                          f"and was stopped; the end of its log ({self.log_path}):\n{_tail(self.log_path)}")
-
-    def _died(self, op: str):
-        self.failed = True
-        status = self.proc.wait(timeout=30)
-        self.kill()
-        raise EngineError(f"the vLLM engine exited (status {status}) during '{op}'; the end of its log "
-                          f"({self.log_path}):\n{_tail(self.log_path)}")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """End the engine and everything it started (its session), now."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        self._close_fds()
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Ask the engine to stop; kill it if it does not within ``timeout`` seconds."""
-        if self.alive() and self.req_w >= 0:
-            try:
-                self.call("stop", timeout=timeout)
-                self.proc.wait(timeout=timeout)
-            except (EngineError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
-
-    def _close_fds(self) -> None:
-        for fd in (self.req_w, self.rep_r):
-            if fd >= 0:
-                os.close(fd)
-        self.req_w = self.rep_r = -1
-        self.log.close()
+        super().__init__(log_path, timeout_s, command or [engine_python() or sys.executable, str(WORKER)], env)
 
 
 def engine_args(recipe) -> dict[str, Any]:

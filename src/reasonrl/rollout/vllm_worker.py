@@ -29,13 +29,11 @@ are removed. A guard process does the same if this process is killed.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import sys
 import time
-import traceback
 
 
 SCRATCH_ENV = "REASONRL_VLLM_SCRATCH"  # the client's folder of synced weights
@@ -85,27 +83,13 @@ def _guard(fd_in: int, fd_out: int, scratch: str) -> None:
 
 
 def _serve(fd_in: int, fd_out: int, held: dict) -> None:
-    inp = os.fdopen(fd_in, "r", encoding="utf-8")
-    out = os.fdopen(fd_out, "w", encoding="utf-8")
-    engine = None
-    for line in inp:
-        request = json.loads(line)
-        op = request.pop("op")
-        if op == "stop":
-            out.write(json.dumps({"ok": True}) + "\n")
-            out.flush()
-            break
-        try:
-            if op == "start":
-                engine = held["engine"] = Engine(**request)
-                reply = {"vllm": engine.version}
-            else:
-                reply = getattr(engine, op)(**request)
-            reply = {"ok": True, **reply}
-        except Exception:  # the client raises it with this traceback
-            reply = {"ok": False, "error": traceback.format_exc()}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
+    def call(op: str, request: dict) -> dict:
+        if op == "start":
+            engine = held["engine"] = Engine(**request)
+            return {"vllm": engine.version}
+        return getattr(held["engine"], op)(**request)
+
+    serve_lines(fd_in, fd_out, call)
 
 
 class Engine:
@@ -155,4 +139,6 @@ class Engine:
 
 
 if __name__ == "__main__":
+    from worker_lines import serve_lines  # beside this file (run by path; reasonrl is not importable here)
+
     serve(int(sys.argv[1]), int(sys.argv[2]))
