@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: quickstart test embedded bench bench-trl mutants vllm-env verifiers-env clean
+.PHONY: quickstart test embedded bench bench-trl mutants vllm-env verifiers-env openenv-env clean
 
 # The vLLM rollout engine's own environment (rollout.engine: vllm; docs/vllm.md). The CPU build
 # of vLLM pins transformers below what reasonrl resolves, so it lives beside .venv and its engine
@@ -36,20 +36,40 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
+# A side environment without torch, for a package whose pins reasonrl's cannot share:
+# $(call side-env,FOLDER,REQUIREMENT,MODULE) makes FOLDER, installs REQUIREMENT, checks that
+# MODULE imports and stamps FOLDER/.installed.
+define side-env
+	python3 -m venv $(1)
+	$(1)/bin/pip install --quiet "$(2)"
+	$(1)/bin/python -c "import $(3)"
+	touch $(1)/.installed
+endef
+
 # The verifiers worker's own environment (task: {name: verifiers}; docs/environments.md).
 # verifiers pins uvicorn>=0.52 and Flower (reasonrl[fed], in .venv) uvicorn<0.50, so environments
-# written with verifiers run in a worker process under this interpreter (REASONRL_VERIFIERS_PYTHON),
-# which needs no torch. Install an environment's package here too.
+# written with verifiers run in a worker process under this interpreter (REASONRL_VERIFIERS_PYTHON).
+# Install an environment's package here too.
 VF_VENV ?= .venv-verifiers
 VF_STAMP := $(VF_VENV)/.installed
+VF_REQ := verifiers>=0.4,<0.5
 
 $(VF_STAMP):
-	python3 -m venv $(VF_VENV)
-	$(VF_VENV)/bin/pip install --quiet "verifiers>=0.4,<0.5"
-	$(VF_VENV)/bin/python -c "import verifiers.v1"
-	touch $(VF_STAMP)
+	$(call side-env,$(VF_VENV),$(VF_REQ),verifiers.v1)
 
 verifiers-env: $(VF_STAMP)
+
+# An OpenEnv server's environment (env: {name: openenv}; the tests serve examples/openenv from it).
+# reasonrl speaks OpenEnv's WebSocket protocol itself; the openenv package (gradio, MCP) would
+# downgrade pillow and tomlkit in .venv and pins another mcp than verifiers, so it lives apart.
+OE_VENV ?= .venv-openenv
+OE_STAMP := $(OE_VENV)/.installed
+OE_REQ := openenv>=0.10,<0.11
+
+$(OE_STAMP):
+	$(call side-env,$(OE_VENV),$(OE_REQ),openenv.core.env_server)
+
+openenv-env: $(OE_STAMP)
 
 quickstart: $(STAMP)
 	$(PY) -m reasonrl.cli quickstart $(ARGS)
@@ -61,10 +81,10 @@ quickstart: $(STAMP)
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 # The vLLM engine's tests run against .venv-vllm (made first; ~3 min, once), the verifiers
-# environments' against .venv-verifiers (~20 s, once).
-test: $(STAMP) $(VLLM_STAMP) $(VF_STAMP)
+# environments' against .venv-verifiers (~20 s, once), the OpenEnv server's in .venv-openenv (~1 min, once).
+test: $(STAMP) $(VLLM_STAMP) $(VF_STAMP) $(OE_STAMP)
 	REASONRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python REASONRL_VERIFIERS_PYTHON=$(abspath $(VF_VENV))/bin/python \
-		$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+		REASONRL_OPENENV_PYTHON=$(abspath $(OE_VENV))/bin/python $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # Regenerate the embedded model's shipped weights (src/reasonrl/policy/embedded/) after a
 # change to the default TinySpec or WARMUP_VERSION; about a minute on 2 cores.
@@ -84,4 +104,4 @@ bench-trl: $(STAMP)
 	$(PY) benchmarks/vs_trl.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VF_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VF_VENV) $(OE_VENV) runs .pytest_cache

@@ -73,3 +73,10 @@ def test_clip_options_must_fit_the_policy_loss():
     with pytest.raises(ConfigError, match="loss.dual_clip does not apply to loss.policy 'gspo'"):
         recipe_from_dict({"loss": {"policy": "gspo", "dual_clip": 3.0}})
     assert recipe_from_dict({"loss": {"policy": "cispo", "epsilon_high": 4.0}}).loss.epsilon_high == 4.0
+
+
+def test_no_reward_function_only_where_the_rollouts_bring_their_own_reward():
+    with pytest.raises(ConfigError, match="at least one reward function is required"):
+        recipe_from_dict({"rewards": []})
+    with_env = recipe_from_dict({"rewards": [], "task": {"name": "arithmetic_tools"}, "env": {"name": "calculator"}})
+    assert with_env.rewards == []

@@ -1,4 +1,4 @@
-"""The chat-completions client (``policy/openai_chat.post_chat``) bounds a WHOLE request by
+"""The chat-completions client (``isolation/openai_chat.post_chat``) bounds a WHOLE request by
 ``timeout_s``, not each socket read: servers that trickle the status line, trickle the body or
 never answer time out within the deadline (issue 29, item 3); the FSG teacher judge then fails
 open and the advisor raises ``AdvisorError``; a normal server and an HTTP proxy still work.
@@ -20,7 +20,7 @@ from reasonrl.methods.advisor.advisors import AdvisorError
 from reasonrl.methods.fsg.method import FSGVerifier
 from reasonrl.methods.fsg.task import ALPHABET
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
-from reasonrl.policy.openai_chat import EndpointError, post_chat
+from reasonrl.isolation.openai_chat import EndpointError, post_chat
 
 from helpers import PENS, RIGHT, WRONG_F2, FSGPolicy, fsg_batch
 

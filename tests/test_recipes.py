@@ -13,8 +13,10 @@ from reasonrl.train.trainer import Trainer
 from helpers import MINI_TINY
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
-# A verifiers environment's recipe runs in tests/test_verifiers.py (it needs the verifiers worker).
-TINY = [p for p in RECIPES if load_recipe(p).model.backend == "tiny" and load_recipe(p).task.name != "verifiers"]
+# A verifiers environment's recipe runs in tests/test_verifiers.py (it needs the verifiers worker),
+# an OpenEnv one in tests/test_openenv.py (it needs a server).
+TINY = [p for p in RECIPES if load_recipe(p).model.backend == "tiny" and load_recipe(p).task.name != "verifiers"
+        and (load_recipe(p).env is None or load_recipe(p).env.name != "openenv")]
 
 
 def test_the_issue_recipes_exist():

@@ -167,9 +167,9 @@ def _check_semantics(r: Recipe, where: str) -> None:
     names = [rw.name for rw in r.rewards]
     need(len(names) == len(set(names)), where, f"rewards: each reward function may appear once, got {names}")
     task_cls = registered(registry.TASKS, r.task.name, where, "task.name")
-    need(bool(names) or hasattr(task_cls, "rollout_sampler"), where,
-         "rewards: at least one reward function is required (only a task that scores its own rollouts, "
-         "a verifiers environment, may have none)")
+    need(bool(names) or hasattr(task_cls, "rollout_sampler") or r.env is not None, where,
+         "rewards: at least one reward function is required (only rollouts that bring their own reward may "
+         "have none: an env's per-turn rewards, a verifiers environment's)")
     if hasattr(task_cls, "rollout_sampler"):  # the task runs its episodes itself (verifiers)
         ro = r.rollout
         need(ro.source == "sync" and ro.engine == "local" and not ro.simulated_staleness and not ro.simulated_partial,

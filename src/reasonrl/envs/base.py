@@ -54,6 +54,15 @@ class Environment:
     # (0: a model token, or an observation of no channel).
     channels: tuple[str, ...] = ()
 
+    @classmethod
+    def stops(cls, params: dict[str, Any]) -> tuple[str, ...]:
+        """The stop strings of an environment built with ``params`` (default: ``stop``; an
+        environment whose actions are configured, e.g. a remote one, reads them from its params)."""
+        return cls.stop
+
+    def close(self) -> None:
+        """The episode is over (however it ended): release what it holds (a connection)."""
+
     def reset(self, problem, seed: int) -> str:
         """Start an episode on ``problem``; the first observation ('' for none)."""
         return ""

@@ -35,3 +35,4 @@ from reasonrl.rewards import math  # noqa: F401  (registers "math_verify"; math-
 from reasonrl.rewards import reasoning_gym  # noqa: F401  (registers "reasoning_gym"; the package itself is imported lazily)
 from reasonrl.rewards import python_tests  # noqa: F401  (registers "python_tests"; runs model code in isolation.sandbox)
 from reasonrl.rewards import proxy  # noqa: F401  (registers "proxy_length_keyword", the reward-hacking demo)
+from reasonrl.rewards import learned  # noqa: F401  (registers "reward_model" and "llm_judge"; the model or endpoint is reached only when called)

@@ -85,28 +85,37 @@ class EpisodeRollout:
                refresh: Callable[[], int] | None = None, problems=None, **_) -> Samples:
         if problems is None or len(problems) != len(prompts):
             raise ValueError("an episode sampler needs the problems of its prompts (problems=[...])")
-        tok, g = self.tokenizer, num_generations
-        eos, pad = tok.eos_token_id, tok.pad_token_id
+        g = num_generations
         n = len(prompts) * g
         enc_ids, enc_mask = (t.cpu() for t in self.policy.encode_prompts(prompts))  # batches live on the CPU
         prompt_ids, prompt_mask = enc_ids.repeat_interleave(g, 0), enc_mask.repeat_interleave(g, 0)
         heads = [prompt_ids[i][prompt_mask[i].bool()] for i in range(n)]
-        envs = [self.env_cls(**self.env_params) for _ in range(n)]
         seeds = torch.randint(0, 2**31 - 1, (n,), generator=generator).tolist()
-        # Per row: token ids, behaviour log-probs, loss mask, versions (lists of tensors), and totals.
+        version = int(refresh()) if refresh is not None else 0
+        self._refreshed = refresh is not None  # versions are recorded only where they may differ
+        envs = [self.env_cls(**self.env_params) for _ in range(n)]
+        try:  # every environment is closed however its episode (or the sampling) ended
+            return self._episodes_of(envs, problems, g, prompt_ids, prompt_mask, heads, seeds, max_new_tokens,
+                                     temperature, generator, stop, refresh, version)
+        finally:
+            for env in envs:
+                env.close()
+
+    def _episodes_of(self, envs, problems, g, prompt_ids, prompt_mask, heads, seeds, max_new_tokens, temperature,
+                     generator, stop, refresh, version) -> Samples:
+        tok, n = self.tokenizer, len(envs)
+        eos, pad = tok.eos_token_id, tok.pad_token_id
         parts: list[list[tuple]] = [[] for _ in range(n)]
         used, env_reward = [0] * n, [0.0] * n
         info: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]
         turns, truncated = [0] * n, [False] * n
-        version = int(refresh()) if refresh is not None else 0
-        self._refreshed = refresh is not None  # versions are recorded only where they may differ
         running = []
         for i, (env, problem) in enumerate(zip(envs, (p for p in problems for _ in range(g)))):
             first = env.reset(problem, seeds[i])
             if first:
                 self._observe(parts[i], used, i, first, version, None)
             running.append(i)
-        stops = list(dict.fromkeys([*(stop or []), *self.env_cls.stop]))
+        stops = list(dict.fromkeys([*(stop or []), *self.env_cls.stops(self.env_params)]))
         while running:
             rows = [i for i in running if used[i] < self.budget]
             for i in set(running) - set(rows):

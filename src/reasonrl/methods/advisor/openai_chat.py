@@ -8,7 +8,7 @@ server that wants none). Works with OpenAI, vLLM's and llama.cpp's servers, Lite
 ``/v1``, and so on.
 
 The HTTP exchange, the key lookup and the endpoint check are the core's
-(``reasonrl.policy.openai_chat``), shared with every other client of such an endpoint.
+(``reasonrl.isolation.openai_chat``), shared with every other client of such an endpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Annotated
 
 from reasonrl.methods.advisor.advisors import ADVISORS, Advisor, AdvisorError
 from reasonrl.params import Range
-from reasonrl.policy.openai_chat import check_endpoint, post_chat, read_api_key
+from reasonrl.isolation.openai_chat import check_endpoint, post_chat, read_api_key
 
 __all__ = ["OpenAIChatAdvisor"]
 

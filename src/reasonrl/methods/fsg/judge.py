@@ -44,7 +44,7 @@ from typing import Annotated, Any, Sequence
 
 from reasonrl.isolation.sandbox import SandboxPool
 from reasonrl.params import Range, check_plugin_params
-from reasonrl.policy.openai_chat import check_endpoint, post_chat, read_api_key
+from reasonrl.isolation.openai_chat import check_endpoint, post_chat, read_api_key
 from reasonrl.registry import Registry
 from reasonrl.methods.fsg.execute import Verdict, run_jobs, runnable_spans
 from reasonrl.methods.fsg.parse import ParsedCompletion, node_ids
@@ -301,7 +301,7 @@ def parse_reply(content: str, n: int, ids: list[str], who: str) -> list[Judgment
 @FSG_JUDGES.register("openai_chat")
 class OpenAIChatJudge(FSGJudge):
     """The reference's teacher judge: one chat-completions request per group to any endpoint that
-    speaks the OpenAI API (the HTTP exchange of ``reasonrl.policy.openai_chat.post_chat``).
+    speaks the OpenAI API (the HTTP exchange of ``reasonrl.isolation.openai_chat.post_chat``).
 
     The user message is JSON: ``problem`` (the prompt), ``function_graph`` (the public graph), and
     per candidate its ``index``, its ``solution`` text and its ``execution`` summary (format gate,
