@@ -45,7 +45,10 @@ def start_server(python: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([python, str(SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Not this process's PYTHONPATH: an earlier test in this worker may have exported .venv's
+    # site-packages there (Flower's Ray backend does), and the server's venv would import them.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([python, str(SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

@@ -89,8 +89,11 @@ def _worker(env: str, config: dict, timeout_s: float, pythonpath: list[str]) -> 
         raise ValueError(f"a verifiers environment needs verifiers, which this Python ({sys.executable}) cannot "
                          f"import: {VERIFIERS_INSTALL}")
     log = Path(tempfile.mkdtemp(prefix="reasonrl-verifiers-")) / "worker.log"
-    path = os.pathsep.join([*pythonpath, os.environ.get("PYTHONPATH", "")]).strip(os.pathsep)
-    proc = VerifiersProcess(log, timeout_s, [python, str(WORKER)], {"PYTHONPATH": path} if path else None)
+    # The worker's import path is its own interpreter's plus task.pythonpath, never this process's
+    # PYTHONPATH: that may hold this environment's site-packages (Flower's Ray backend exports
+    # sys.path there), whose packages would stand for the worker's own (seen: OpenEnv's server
+    # importing .venv's mcp).
+    proc = VerifiersProcess(log, timeout_s, [python, str(WORKER)], {"PYTHONPATH": os.pathsep.join(pythonpath)})
     try:
         tasks = proc.call("start", env=env, config=config)["tasks"]
     except VerifiersError as exc:
@@ -112,7 +115,7 @@ class VerifiersTask:
     ``env``: the taskset or env id (an importable module in the worker's interpreter).
     ``config``: the env config's other fields (``{"taskset": {...}}`` parameters, a role's
     settings). ``pythonpath``: folders added to the worker's import path (an environment that
-    is not installed). ``eval_fraction``: the share of tasks held out (by a hash of the prompt).
+    is not installed; the worker does not inherit this process's ``PYTHONPATH``). ``eval_fraction``: the share of tasks held out (by a hash of the prompt).
     ``timeout_s``: the longest one call of the worker may take (a whole step's rollouts).
     ``max_concurrent``: episodes run at once."""
 
