@@ -22,6 +22,19 @@ MINI_TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_s
              "warmup_steps": 30, "warmup_batch": 16}
 
 
+def require_interpreter(python: str | None, what: str, install: str, venv: str) -> str:
+    """The interpreter of a side environment (``make test`` builds each: ``venv``): skip with the
+    reason where there is none, or fail under CI, where its absence is a broken set-up."""
+    import os
+
+    if python is None or not os.access(python, os.X_OK):
+        why = f"no {what} interpreter ({install})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why}; `make test` installs it ({venv}), so CI must have it")
+        pytest.skip(why)
+    return python
+
+
 def mini_policy(seed: int = 0, pad_is_eos: bool = False, decoder: str = "hf") -> HFPolicy:
     """An untrained mini policy; ``pad_is_eos`` gives it a tokenizer whose padding token is its
     EOS, as SmolLM2's is, so tests see the real-model case that the char tokenizer hides;

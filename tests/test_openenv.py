@@ -23,7 +23,7 @@ from reasonrl.problem import Problem
 from reasonrl.rollout.episodes import EpisodeRollout, sample_problems
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, scripted
+from helpers import MINI_TINY, require_interpreter, scripted
 from test_episodes import calculator_recipe, tools_policy
 
 SERVER = Path(__file__).resolve().parents[1] / "examples" / "openenv" / "calculator_server.py"
@@ -32,13 +32,8 @@ PYTHON_ENV = "REASONRL_OPENENV_PYTHON"
 
 
 def openenv_python() -> str:
-    python = os.environ.get(PYTHON_ENV)
-    if not python or not os.access(python, os.X_OK):
-        why = f"no OpenEnv interpreter (`make openenv-env` and export {PYTHON_ENV}=$PWD/.venv-openenv/bin/python)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why}; `make test` installs it (.venv-openenv), so CI must have it")
-        pytest.skip(why)
-    return python
+    return require_interpreter(os.environ.get(PYTHON_ENV) or None, "OpenEnv",
+                               f"`make openenv-env` and export {PYTHON_ENV}=$PWD/.venv-openenv/bin/python", ".venv-openenv")
 
 
 def start_server(python: str) -> tuple[subprocess.Popen, str]:

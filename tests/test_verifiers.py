@@ -18,6 +18,8 @@ from reasonrl.config import load_recipe, recipe_from_dict
 from reasonrl.envs.verifiers import VERIFIERS_INSTALL, VerifiersTask, verifiers_python
 from reasonrl.policy.factory import build_policy
 
+from helpers import require_interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = str(ROOT / "examples" / "verifiers")
 RECIPE = ROOT / "recipes" / "verifiers_arith.yaml"
@@ -25,12 +27,7 @@ RECIPE = ROOT / "recipes" / "verifiers_arith.yaml"
 
 @pytest.fixture(autouse=True)
 def verifiers_env():
-    python = verifiers_python()
-    if python is None or not os.access(python, os.X_OK):
-        why = f"no verifiers interpreter ({VERIFIERS_INSTALL})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why}; `make test` installs it (.venv-verifiers), so CI must have it")
-        pytest.skip(why)
+    require_interpreter(verifiers_python(), "verifiers", VERIFIERS_INSTALL, ".venv-verifiers")
 
 
 def recipe(**task):

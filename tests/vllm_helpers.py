@@ -2,7 +2,6 @@
 reason where there is none; under CI a missing engine fails, since `make test` installs it)
 and SmolLM2 (the real tokenizer, pad == EOS)."""
 
-import os
 import time
 from pathlib import Path
 
@@ -10,15 +9,11 @@ import pytest
 
 from reasonrl.rollout.vllm_engine import VLLM_INSTALL, engine_python
 
+from helpers import require_interpreter
+
 
 def require_vllm() -> str:
-    python = engine_python()
-    if python is None or not os.access(python, os.X_OK):
-        why = f"no vLLM engine interpreter ({VLLM_INSTALL})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why}; `make test` installs it (.venv-vllm), so CI must have it")
-        pytest.skip(why)
-    return python
+    return require_interpreter(engine_python(), "vLLM engine", VLLM_INSTALL, ".venv-vllm")
 
 
 def require_smollm2() -> str:
