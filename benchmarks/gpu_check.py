@@ -1,7 +1,6 @@
 """The GPU check of issue 30: one prepared run on a machine with one NVIDIA GPU (``gpu_check.sh``).
 
-UNVERIFIED on a GPU until run on one: only the CPU dry run (``--cpu``) has been run (see the
-header of ``gpu_check.sh``).
+Run on one H200 on 2026-12-04; its results are in ``docs/scaling.md`` ("Checked on a GPU").
 
 Stages (run in this order: env, agreement, grpo, so the quick correctness check is not the one
 a slow GRPO arm pushes past the time limit):
@@ -16,7 +15,7 @@ a slow GRPO arm pushes past the time limit):
    ``reasonrl.train.launch.run_rank`` trains through the FSDP2 learner). Per arm: median step
    time (the first 2 steps skipped), train and sample tokens/s, peak GPU memory
    (``torch.cuda.max_memory_allocated`` in the run's own process), the dtype the learner's and the
-   sampler's decoder layers actually computed in, and the sample-vs-learner log-prob mismatch:
+   sampler's decoder layers' matmuls actually computed in, and the sample-vs-learner log-prob mismatch:
    mean |sample_logprobs − learner logprobs| over the completion tokens, where the learner's
    log-probs are the very ones the loss used (captured from the learner policy's
    ``completion_logprobs`` inside the optimisation call, so whatever precision the library
@@ -126,11 +125,15 @@ def stage_env(cpu: bool) -> dict:
 
 
 # -- one training run (an "arm"), in its own process ---------------------------------------------
-def first_decoder_layer(model):
+def first_matmul(model):
+    """The first ``nn.Linear`` inside the first decoder layer: the dtype its output has is the
+    dtype the layer's matmuls ran in. (The layer's own output is no witness: under autocast the
+    residual adds promote the bf16 matmul results back to the fp32 stream, which the first GPU
+    run of this check reported as "bf16 asked, the learner computed in float32".)"""
     names = set(getattr(model, "_no_split_modules", None) or ())
     for module in model.modules():
         if type(module).__name__ in names or type(module).__name__.endswith("DecoderLayer"):
-            return module
+            return next((m for m in module.modules() if type(m).__name__ == "Linear"), None)
     return None
 
 
@@ -143,9 +146,9 @@ class Probe:
         self.dtypes: dict[str, set[str]] = {"learner": set(), "sampler": set()}
 
     def watch_dtypes(self, model, role: str) -> None:
-        """Record the dtype of the first decoder layer's output: ``learner`` in forwards with
-        gradients, ``sampler`` in those without (``role`` names the model for the other case)."""
-        layer = first_decoder_layer(model)
+        """Record the dtype the first decoder layer's matmuls computed in: ``learner`` in forwards
+        with gradients, ``sampler`` in those without (``role`` names the model for the other case)."""
+        layer = first_matmul(model)
         if layer is None:
             return
 

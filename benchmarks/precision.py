@@ -210,19 +210,20 @@ def shared_prompt_logits(model, b):
     falls back to the row-by-row path under checkpointing) does not hide what transformers does."""
     from reasonrl.algos.masked import group_first_rows, group_inverse
     from reasonrl.policy.sampling import position_ids_from_mask
+    from reasonrl.policy.prefix import cache_kw, cache_of
 
     inverse, num_groups = group_inverse(b["group_ids"])
     first = group_first_rows(inverse, num_groups)
     p_ids, p_mask = b["prompt_ids"][first], b["prompt_mask"][first]
     pos = position_ids_from_mask(p_mask)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-    cache = out.cache
+    cache = cache_of(out)
     cached = cache.get_seq_length() if cache is not None else None
     cache.batch_select_indices(inverse)
     t = b["completion_ids"].shape[1]
     mask = torch.cat([p_mask[inverse], b["completion_mask"]], dim=1)
     c_pos = pos[inverse, -1:] + 1 + torch.arange(t)
-    rest = model(input_ids=b["completion_ids"], attention_mask=mask, position_ids=c_pos, cache=cache,
+    rest = model(input_ids=b["completion_ids"], attention_mask=mask, position_ids=c_pos, **cache_kw(cache),
                  use_cache=True, logits_to_keep=t)
     return torch.cat([out.logits[inverse, -1:], rest.logits[:, :-1]], dim=1), cached
 

@@ -3,6 +3,10 @@ once, and rows split into length buckets. Hand-computed plans, then equality wit
 pass (log-probs, entropies and gradients) on the mini model, with a padding token equal to EOS
 as SmolLM2's."""
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,7 +15,7 @@ from reasonrl.policy.hf import HFPolicy
 from reasonrl.policy.prefix import common_prefix, completion_lengths, length_buckets, prompt_pass
 from reasonrl.train.trainer import Trainer
 
-from helpers import assert_shared_pass_equals_row_pass, mini_policy, mini_recipe, weights
+from helpers import assert_shared_pass_equals_row_pass, mini_policy, mini_recipe, require_interpreter, weights
 
 # Every prompt starts with the same 20 characters (a few-shot template's role), then differs,
 # in length too.
@@ -136,3 +140,28 @@ def test_a_training_step_in_length_buckets_makes_the_same_update(tmp_path, monke
     assert mb["entropy"] == pytest.approx(ma["entropy"], rel=1e-5)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
+
+
+def test_prompt_pass_under_the_older_transformers_cache_name():
+    """transformers 5.2x renamed the KV cache ``past_key_values`` -> ``cache``; pyproject admits
+    both, and the GPU machine's 5.17 has the old name (its first gpu_check failed on it). The vLLM
+    side environment pins transformers < 5.20: there the prefix-shared pass equals the plain one."""
+    python = require_interpreter(os.environ.get("REASONRL_VLLM_PYTHON"), "vLLM side-environment",
+                                 "make vllm-env", ".venv-vllm")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    script = (
+        "import torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "from reasonrl.policy.prefix import _CACHE_NAME, prompt_pass\n"
+        "torch.manual_seed(0)\n"
+        "m = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,"
+        " num_attention_heads=4, num_key_value_heads=2)).eval()\n"
+        "ids = torch.cat([torch.randint(1, 50, (1, 20)).repeat(3, 1), torch.randint(1, 50, (3, 4))], 1)\n"
+        "mask = torch.ones_like(ids); mask[0, :2] = 0\n"
+        "shared, plain = prompt_pass(m, ids, mask, 16)[0], prompt_pass(m, ids, mask, 10**6)[0]\n"
+        "print(_CACHE_NAME, float((shared - plain).abs().max()))\n")
+    out = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": src})
+    assert out.returncode == 0, out.stderr[-2000:]
+    name, diff = out.stdout.split()
+    assert name == "past_key_values" and float(diff) < 1e-5

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from reasonrl.policy.hf import position_ids_from_mask
+from reasonrl.policy.prefix import cache_kw, cache_of
 
 from helpers import mini_policy
 
@@ -98,7 +99,7 @@ def test_the_kv_cache_of_older_weights_is_kept_after_a_swap(decoder):
         head = old.model(input_ids=ids[:, :p + at - 1], attention_mask=mask[:, :p + at - 1],
                          position_ids=pos[:, :p + at - 1], use_cache=True)
         tail = pol.model(input_ids=ids[:, p + at - 1:], attention_mask=mask, position_ids=pos[:, p + at - 1:],
-                         cache=head.cache, use_cache=True).logits[:, :-1]
+                         **cache_kw(cache_of(head)), use_cache=True).logits[:, :-1]
     ref = torch.log_softmax(tail.float(), -1).gather(-1, s.completion_ids[:, at:, None]).squeeze(-1)
     after = m[:, at:]
     assert after.any()

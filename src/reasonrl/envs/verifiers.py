@@ -115,7 +115,8 @@ class VerifiersTask:
     ``env``: the taskset or env id (an importable module in the worker's interpreter).
     ``config``: the env config's other fields (``{"taskset": {...}}`` parameters, a role's
     settings). ``pythonpath``: folders added to the worker's import path (an environment that
-    is not installed; the worker does not inherit this process's ``PYTHONPATH``). ``eval_fraction``: the share of tasks held out (by a hash of the prompt).
+    is not installed; the worker does not inherit this process's ``PYTHONPATH``).
+    ``eval_fraction``: the share of tasks held out (by a hash of the prompt).
     ``timeout_s``: the longest one call of the worker may take (a whole step's rollouts).
     ``max_concurrent``: episodes run at once."""
 

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from reasonrl.policy.prefix import MIN_SHARED_PREFIX, prompt_pass
+from reasonrl.policy.prefix import MIN_SHARED_PREFIX, cache_kw, cache_of, prompt_pass
 
 __all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused"]
 
@@ -61,8 +61,8 @@ class HFDecoder:
 
     def step(self, tok: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
         out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos,
-                         cache=self.cache, use_cache=True)
-        self.cache = out.cache
+                         **cache_kw(self.cache), use_cache=True)
+        self.cache = cache_of(out)
         return out.logits[:, -1]
 
     def select(self, keep: Tensor) -> None:

@@ -25,7 +25,7 @@ from torch import Tensor
 from transformers.utils import logging as hf_logging
 
 from reasonrl.algos.masked import group_first_rows, group_inverse
-from reasonrl.policy.prefix import (MIN_SHARED_PREFIX, completion_lengths, fork_cache, length_buckets as length_buckets_of,
+from reasonrl.policy.prefix import (MIN_SHARED_PREFIX, cache_kw, completion_lengths, fork_cache, length_buckets as length_buckets_of,
                                     prompt_pass)
 from reasonrl.policy.sampling import Samples, cut_at_stop, position_ids_from_mask, sample_completions
 
@@ -346,7 +346,7 @@ class HFPolicy:
                 mask = torch.cat([layout[prompts], completion_mask[rows, :w].to(layout.dtype)], dim=1)
                 pos = last_pos[prompts].unsqueeze(1) + 1 + torch.arange(w, device=last_pos.device)
                 rest = self.model(input_ids=completion_ids[rows, :w], attention_mask=mask, position_ids=pos,
-                                  cache=fork_cache(cache, prompts), use_cache=True, logits_to_keep=w)
+                                  **cache_kw(fork_cache(cache, prompts)), use_cache=True, logits_to_keep=w)
                 blocks.append((rows, torch.cat([head, rest.logits[:, :-1]], dim=1)))
         return blocks
 

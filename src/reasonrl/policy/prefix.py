@@ -22,8 +22,24 @@ import copy
 
 import torch
 from torch import Tensor
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-__all__ = ["MIN_SHARED_PREFIX", "common_prefix", "prompt_pass", "length_buckets", "fork_cache", "completion_lengths"]
+__all__ = ["MIN_SHARED_PREFIX", "common_prefix", "prompt_pass", "length_buckets", "fork_cache", "completion_lengths",
+           "cache_kw", "cache_of"]
+
+# transformers 5.2x renamed the KV cache ``past_key_values`` -> ``cache``, as the forward's argument
+# and the output's field; pyproject's range admits both (the GPU machine runs 5.17, this one 5.25).
+_CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def cache_kw(cache) -> dict:
+    """The keyword argument that hands ``cache`` to a transformers model's forward."""
+    return {_CACHE_NAME: cache}
+
+
+def cache_of(outputs):
+    """The KV cache a transformers forward with ``use_cache=True`` returned."""
+    return getattr(outputs, _CACHE_NAME)
 
 # Below this many common tokens one more forward call costs more than the tokens it saves
 # (the embedded task's prompts share 0-2 tokens; SmolLM2's few-shot template 47).
@@ -67,7 +83,7 @@ def prompt_pass(model, ids: Tensor, mask: Tensor, min_prefix: int = MIN_SHARED_P
     if c == 0:
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1], out.cache, mask, pos[:, -1]
+        return out.logits[:, -1], cache_of(out), mask, pos[:, -1]
     lengths = mask.ne(0).sum(1)
     width = ids.shape[1]
     first = int(width - lengths.max())  # the longest row's first real column
@@ -75,7 +91,7 @@ def prompt_pass(model, ids: Tensor, mask: Tensor, min_prefix: int = MIN_SHARED_P
     ones = torch.ones_like(prefix)
     head = model(input_ids=prefix, attention_mask=ones, position_ids=torch.arange(c, device=ids.device)[None],
                  use_cache=True, logits_to_keep=1)
-    cache = head.cache
+    cache = cache_of(head)
     cache.batch_repeat_interleave(ids.shape[0])
     # Each row's suffix is its real tokens after the prefix, still left-padded (the prefix's
     # columns, now at the far left of each row, are masked out of the suffix block).
@@ -85,9 +101,9 @@ def prompt_pass(model, ids: Tensor, mask: Tensor, min_prefix: int = MIN_SHARED_P
     s_mask = s_mask * (col >= real_start + c).to(s_mask.dtype)
     layout = torch.cat([torch.ones(ids.shape[0], c, dtype=mask.dtype, device=mask.device), s_mask], dim=1)
     pos = (layout.long().cumsum(-1) - 1).clamp(min=0)[:, c:]
-    out = model(input_ids=s_ids, attention_mask=layout, position_ids=pos, cache=cache, use_cache=True,
+    out = model(input_ids=s_ids, attention_mask=layout, position_ids=pos, **cache_kw(cache), use_cache=True,
                 logits_to_keep=1)
-    return out.logits[:, -1], out.cache, layout, pos[:, -1]
+    return out.logits[:, -1], cache_of(out), layout, pos[:, -1]
 
 
 def fork_cache(cache, rows: Tensor):
