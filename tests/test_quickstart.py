@@ -14,5 +14,5 @@ def test_quickstart_writes_table_and_report(tmp_path, capsys):
     report = tmp_path / "seed3" / "report.html"
     assert f"report: {report}" in out
     page = report.read_text()
-    assert "reasonrl quickstart (seed 3)" in page and "data:image/png;base64," in page
+    assert "reasonrl quickstart (seed 3)" in page and "id='rrl-plots'" in page and '"name":"reward"' in page
     assert summary["steps"] == 2

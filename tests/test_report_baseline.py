@@ -12,8 +12,8 @@ import pytest
 
 from reasonrl.cli import main
 from reasonrl.evaluate.baseline import compare_to_baseline
-from reasonrl.evaluate.report import stats_path, write_report
-from reasonrl.evaluate.runs import group_runs, load_run
+from reasonrl.evaluate.report import stats_path, verdict_lines, write_report
+from reasonrl.evaluate.runs import group_runs, load_run, number_text, signed_text
 from reasonrl.evaluate.stats import (bootstrap_diff, regularized_incomplete_beta, student_t_cdf,
                                      student_t_two_sided_p, welch_t_test)
 
@@ -139,7 +139,7 @@ SINGLE = (60,)             # lone: 0.60
 
 def _run(root, name, method, seed, correct, per_problem=True):
     path = root / name
-    path.mkdir()
+    path.mkdir(parents=True)
     (path / "recipe.json").write_text(json.dumps({"train": {"seed": seed, "steps": 2},
                                                   "advantage": {"name": method}, "run_name": None}))
     (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 0.1 * s}) + "\n" for s in (1, 2)))
@@ -221,12 +221,13 @@ def test_report_marks_a_clear_effect_only(report):
         assert row, (metric, group)
         return row.group(1)
 
-    assert "●" in cells("accuracy", "bot") and "+0.210" in cells("accuracy", "bot")
+    assert "●" in cells("accuracy", "bot") and "<td>+0.21</td>" in cells("accuracy", "bot")
     assert "●" not in cells("accuracy", "noisy")
     lone = cells("accuracy", "lone")
     assert "●" not in lone and "n/a" in lone and "1 run" in lone
     assert "†" in cells("accuracy[a+b]", "bot") and "†" not in cells("accuracy", "bot")
-    assert "<td>0.0011</td>" in cells("accuracy", "bot") and "<td>0.660</td>" in cells("accuracy", "noisy")
+    # p = 0.0010617 and 0.66 in the report's one number format
+    assert "<td>0.00106</td>" in cells("accuracy", "bot") and "<td>0.66</td>" in cells("accuracy", "noisy")
     assert "● marks a difference that the seed spread cannot explain: Welch's two-sided p &lt; 0.05" in page
     assert "3 is few" in page
 
@@ -279,3 +280,60 @@ def test_old_run_folders_fall_back_to_seeds_and_bad_lists_warn(tmp_path):
     assert all(r["resampled"] == "seeds" for r in rows)
     assert _row(rows, "accuracy", "bot")["diff"] == pytest.approx(0.21)
     assert len(warnings) == 1 and "bot-s2" in warnings[0] and "seeds only" in warnings[0]
+
+
+# --- the verdict, and no interval from a single paired value ------------------------------------------
+
+
+def test_a_one_line_verdict_opens_the_comparison(report):
+    page, rows, _ = report
+    clear = _row(rows, "accuracy", "bot")
+    low, high = clear["ci_low"], clear["ci_high"]
+    lines = verdict_lines(rows)
+    # one line per group on the headline metric (accuracy), in the rows' group order
+    assert lines == [
+        f"bot vs grpo: accuracy +0.21 [{signed_text(low)}, {signed_text(high)}], p = 0.00106 (3 vs 3 runs) — better",
+        f"noisy vs grpo: accuracy +0.01 [{signed_text(_row(rows, 'accuracy', 'noisy')['ci_low'])}, "
+        f"{signed_text(_row(rows, 'accuracy', 'noisy')['ci_high'])}], p = {number_text(_row(rows, 'accuracy', 'noisy')['p'])} "
+        "(3 vs 3 runs) — no clear difference",
+        f"lone vs grpo: accuracy +0.08 [{signed_text(_row(rows, 'accuracy', 'lone')['ci_low'])}, "
+        f"{signed_text(_row(rows, 'accuracy', 'lone')['ci_high'])}], p n/a (1 vs 3 runs) — too few runs to tell"]
+    # at the top of the page: before the first section
+    verdict = page.index("class='verdict'")
+    assert verdict < page.index("<h2 id='runs'>") and "<span class='better'>better</span>" in page
+    # a worse group reads worse
+    flipped = [{**r, "diff": -r["diff"], "ci_low": -r["ci_high"], "ci_high": -r["ci_low"]} for r in rows]
+    assert verdict_lines(flipped)[0].endswith("— worse") and verdict_lines(flipped)[0].startswith("bot vs grpo: accuracy -0.21")
+
+
+def test_one_run_a_side_has_no_zero_width_interval(tmp_path, capsys):
+    """One seed per arm and no per-problem values: one paired difference; its "interval" [d, d] is not shown."""
+    paths = [_run(tmp_path, "grpo-s0", "grpo", 0, 50, per_problem=False), _run(tmp_path, "bot-s0", "bot", 0, 70, per_problem=False)]
+    out = tmp_path / "one.html"
+    assert main(["report", *map(str, paths), "-o", str(out), "--baseline", "grpo"]) == 0
+    rows = json.loads(stats_path(out).read_text())
+    for row in rows:
+        assert row["diff"] == pytest.approx(0.2) and row["ci_low"] is None and row["ci_high"] is None
+        assert row["ci_note"].startswith("1 run per group and no per-problem values")
+    page = out.read_text()
+    assert "n/a (1 run each)" in page
+    # no interval anywhere in the page has equal ends
+    intervals = re.findall(r"\[([-+0-9.e]+), ([-+0-9.e]+)\]", page)
+    assert all(low != high for low, high in intervals)
+    assert verdict_lines(rows) == ["bot vs grpo: accuracy +0.2 (interval n/a), p n/a (1 vs 1 runs) — too few runs to tell"]
+    # with per-problem values the problems are still resampled: a real interval
+    paths = [_run(tmp_path / "pp", "grpo-s0", "grpo", 0, 50), _run(tmp_path / "pp", "bot-s0", "bot", 0, 70)]
+    out = tmp_path / "pp.html"
+    assert main(["report", *map(str, paths), "-o", str(out), "--baseline", "grpo"]) == 0
+    accuracy = _row(json.loads(stats_path(out).read_text()), "accuracy", "bot")
+    assert accuracy["ci_low"] < 0.2 < accuracy["ci_high"] and "ci_note" not in accuracy
+    capsys.readouterr()
+
+
+def test_identical_runs_have_no_zero_width_interval(tmp_path):
+    """Every resample alike (all runs of both groups equal): n/a, not [0, 0]."""
+    paths = [_run(tmp_path, f"{m}-s{s}", m, s, 50, per_problem=False) for m in ("grpo", "same") for s in (0, 1)]
+    out = write_report(paths, tmp_path / "same.html", baseline="grpo")
+    (row, _) = json.loads(stats_path(out).read_text())
+    assert row["diff"] == 0 and row["ci_low"] is None and "no spread" in row["ci_note"]
+    assert "n/a (no spread)" in out.read_text()

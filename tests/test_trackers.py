@@ -132,3 +132,41 @@ def test_missing_extra_fails_before_the_run_folder_exists(tmp_path, monkeypatch,
     code = main(["train", str(recipe), "-o", str(tmp_path / "run")])
     assert code == 2 and "pip install 'reasonrl[mlflow]'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def _sample_rows(run_dir, split):
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["split"] == split]
+
+
+def test_trackers_receive_the_completions_of_samples_jsonl(tracked_run):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train = _sample_rows(tracked_run, "train")
+    steps = sorted({r["step"] for r in train})
+    assert steps == [1, 2, 3, 4]
+    # TensorBoard: one text summary per step, a Markdown table holding each completion
+    acc = EventAccumulator(str(tracked_run / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("samples/train/text_summary")}
+    assert sorted(texts) == steps
+    for r in train:
+        completion = r["completion"].replace("|", "\\|").replace("\n", "⏎")
+        assert completion in texts[r["step"]]
+    # MLflow: one JSONL artifact per step and split, the very rows of samples.jsonl
+    client = MlflowClient(f"sqlite:///{tracked_run.parent / 'mlflow.db'}")
+    run_id = json.loads((tracked_run / "trackers.json").read_text())["mlflow"]
+    names = sorted(a.path for a in client.list_artifacts(run_id, "samples"))
+    assert [n for n in names if "/train_" in n] == [f"samples/train_step_{s:06d}.jsonl" for s in steps]
+    # stored beside the SQLite store, not in ./mlruns of the working directory (MLflow's default)
+    stored = list((tracked_run.parent / "mlartifacts").rglob("train_step_000002.jsonl"))
+    assert len(stored) == 1 and client.get_experiment(client.get_run(run_id).info.experiment_id).artifact_location \
+        == (tracked_run.parent / "mlartifacts").as_uri()
+    assert [json.loads(line) for line in open(stored[0])] == [r for r in train if r["step"] == 2]
+    # W&B: a table per step in the run's history
+    files = glob.glob(str(tracked_run / "wandb" / "offline-run-*" / "run-*.wandb"))
+    tables = {row["_step"]: row for row in read_wandb_history(files[0]) if "samples/train/_type" in row}
+    assert sorted(tables) == steps
+    assert all(t["samples/train/_type"] == "table-file" for t in tables.values())
+    assert [tables[s]["samples/train/nrows"] for s in steps] == [sum(r["step"] == s for r in train) for s in steps]

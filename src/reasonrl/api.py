@@ -15,17 +15,21 @@ Python function or class) or the path of a YAML file. Errors in it raise
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 # The loader, not reasonrl.config: importing the API stays free of torch; the components a recipe
 # names register on the first lookup (reasonrl.registry.load_components).
+from reasonrl.fsutil import atomic_write_text
 from reasonrl.params import ConfigError
 from reasonrl.recipe import apply_override, flatten, load_recipe, recipe_from_dict
 from reasonrl.sections import Recipe
 
-__all__ = ["train"]
+__all__ = ["train", "resumed_recipe"]
+
+RESUMABLE = ("train.steps",)  # the one key a resumed run may change: it extends (or shortens) the run
 
 
 def default_run_dir(recipe: Recipe, recipe_path: str | None) -> Path:
@@ -56,14 +60,14 @@ def train(recipe: Recipe | dict[str, Any] | str | Path | None, run_dir: str | Pa
     if resume:
         if run_dir is None:
             raise ConfigError("train(resume=True) needs the run_dir of the run to continue")
-        if overrides:
-            raise ConfigError("overrides cannot change a run being resumed; start a new run instead")
+        if overrides and recipe is not None:
+            raise ConfigError("train(resume=True) takes overrides (train.steps only) or a recipe, not both")
         saved_path = Path(run_dir) / RECIPE_FILE
         if not saved_path.is_file():
             raise ConfigError(f"resume: {run_dir} is not a run folder (no {RECIPE_FILE})")
         saved = json.loads(saved_path.read_text())
-        if recipe is None:
-            built = recipe_from_dict(saved, str(saved_path))
+        if recipe is None:  # overrides: as `--resume --set train.steps=N` (resumed_recipe)
+            built = resumed_recipe(Path(run_dir), overrides or [], RECIPE_FILE, write=True, talks=False)
         else:
             built, _ = _as_recipe(recipe, None)
             _check_same(built, saved, saved_path)
@@ -117,3 +121,41 @@ def _check_same(recipe: Recipe, saved: dict[str, Any], saved_path: Path) -> None
         shown = "; ".join(f"{k}: {before.get(k, '(absent)')!r} -> {given.get(k, '(absent)')!r}" for k in differ[:5])
         raise ConfigError(f"resume: the recipe differs from the run's {saved_path} ({shown}); resume with the "
                           "same recipe (or None, to use the saved one), or start a new run")
+
+
+def resumed_recipe(run_dir: Path, overrides: list[str], recipe_file: str, write: bool, talks: bool):
+    """The recipe of the run in ``run_dir`` (its ``recipe.json``), with ``train.steps`` changed when
+    ``overrides`` (``--set``) says so, and no other key: a resumed run continues the same recipe.
+    The new ``train.steps`` must be at least the steps already done (the last checkpoint's); it is
+    written back to ``recipe.json`` (by the ``write`` process), so a later plain ``--resume``, the
+    report and the checkpoints all see the longer run. The learning-rate schedule is computed over
+    the new total, so a decaying one (linear, cosine) changes from the resumed step on."""
+    from reasonrl.train.checkpoint import list_checkpoints
+
+    saved = run_dir / recipe_file
+    if not saved.is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run folder (no {recipe_file})")
+    raw = json.loads(saved.read_text())
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key not in RESUMABLE:
+            raise ConfigError(f"--set {key}: a resumed run keeps its recipe; on --resume only "
+                              f"{', '.join(RESUMABLE)} may be set (to change {key}, start a new run)")
+        apply_override(raw, item)
+    recipe = recipe_from_dict(raw, f"{saved} with --set" if overrides else str(saved))
+    before = json.loads(saved.read_text()).get("train", {}).get("steps")
+    if recipe.train.steps == before:
+        return recipe
+    checkpoints = list_checkpoints(run_dir)
+    done = int(checkpoints[-1].name.removeprefix("step_")) if checkpoints else 0
+    if recipe.train.steps < done:
+        raise ConfigError(f"--set train.steps={recipe.train.steps}: the run has done {done} steps (its last checkpoint, "
+                          f"{checkpoints[-1]}); train.steps must be at least {done}")
+    if talks:
+        print(f"reasonrl: train.steps {before} -> {recipe.train.steps}", file=sys.stderr, flush=True)
+        if recipe.optim.schedule != "constant":
+            print(f"reasonrl: note: optim.schedule {recipe.optim.schedule} now spans {recipe.train.steps} steps, so the "
+                  f"learning rate from step {done} on differs from the {before}-step run's", file=sys.stderr, flush=True)
+    if write and checkpoints:  # without one the Trainer refuses the resume: the folder stays as it was
+        atomic_write_text(saved, json.dumps(recipe.to_dict(), indent=1))
+    return recipe

@@ -1,6 +1,7 @@
-"""``reasonrl`` command line: train, eval, report, quickstart, sandbox, expdis, fuse, fed-sim, fed-server, fed-client.
+"""The reasonrl command line: train, eval, report, list, describe, quickstart, sandbox, expdis, fuse, fed-sim, fed-server, fed-client.
 
-Exit codes: 0 success, 2 bad input (recipe, arguments, data), 1 anything else.
+Exit codes: 0 success, 2 bad input (recipe, arguments, data, an unknown name), 1 anything else,
+130 interrupted (Ctrl-C). The first line above is ``--help``'s description, so it holds no markup.
 """
 
 from __future__ import annotations
@@ -8,13 +9,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from reasonrl.api import default_run_dir
+import reasonrl
+from reasonrl import catalog
+from reasonrl.api import default_run_dir, resumed_recipe
 from reasonrl.config import ConfigError, load_recipe, recipe_from_dict
+from reasonrl.fsutil import atomic_write_text
 from reasonrl.registry import UnknownNameError
+
+"""The only recipe keys ``--set`` may change on ``train --resume``: a longer (or shorter) run
+of the same recipe; any other change makes a different run, which starts in a folder of its own."""
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -25,22 +34,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.rollout.vllm_engine import EngineError
 
     ranked = launched_rank()  # (rank, size) when torchrun (or Slurm, or Ray) started this process
+    writer = ranked is None or ranked[0] == 0  # the one process that writes the run folder and talks to the user
+    # A launched rank's parent (reasonrl train --nproc N) has told the user already.
+    talks = ranked is None
     if args.resume:
         run_dir = Path(args.resume)
-        saved = run_dir / RECIPE_FILE
-        if not saved.is_file():
-            raise ConfigError(f"--resume {run_dir}: not a run folder (no {RECIPE_FILE})")
-        recipe = recipe_from_dict(json.loads(saved.read_text()), str(saved))
-        if args.set:
-            raise ConfigError("--set cannot change a run being resumed; start a new run instead")
+        args.run_dir = run_dir  # for the Ctrl-C hint (_interrupted)
+        if talks:
+            print(f"reasonrl: resuming {run_dir}", file=sys.stderr, flush=True)
+        recipe = resumed_recipe(run_dir, args.set, RECIPE_FILE, write=writer, talks=talks)
     else:
         if not args.recipe:
             raise ConfigError("train needs a RECIPE.yaml (or --resume RUN_DIR)")
         recipe = load_recipe(args.recipe, args.set)
         run_dir = Path(args.output) if args.output else default_run_dir(recipe, args.recipe)
+        args.run_dir = run_dir
         # Only rank 0 writes the folder; another rank may look after it has begun to.
-        if (ranked is None or ranked[0] == 0) and run_dir.exists() and any(run_dir.iterdir()):
+        if writer and run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"output folder {run_dir} is not empty; use --resume {run_dir} to continue it")
+        if talks:
+            print(f"reasonrl: run folder {run_dir}", file=sys.stderr, flush=True)
     if args.nproc is not None:  # the number of ranks changes no number of the run: allowed on --resume
         if args.nproc < 1:
             raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
@@ -50,10 +63,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif recipe.train.nproc > 1:
         check_shardable(recipe, method_specs(recipe))  # before any process starts
     if ranked is None and recipe.train.nproc > 1 and recipe.train.engine == "torchrun":
+        # On --resume the ranks read the recipe.json written above (train.steps included): no --set to pass on.
         command = ["train", "--resume", str(run_dir)] if args.resume else \
             ["train", args.recipe, *[x for kv in args.set for x in ("--set", kv)], "-o", str(run_dir)]
-        return launch_torchrun(command, recipe.train.nproc, run_dir,
+        code = launch_torchrun(command, recipe.train.nproc, run_dir,
                                lambda msg: print(msg, file=sys.stderr, flush=True))
+        if code == 0:
+            _print_report_hint(run_dir)
+        return code
     try:
         if ranked is not None:
             summary = run_rank(recipe, run_dir, resume=bool(args.resume))
@@ -73,6 +90,61 @@ def cmd_train(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     print(json.dumps({k: summary[k] for k in ("run_dir", "steps", "base_accuracy", "final_accuracy", "wall_seconds")}))
+    if talks:
+        _print_report_hint(run_dir)
+    return 0
+
+
+def _print_report_hint(run_dir: Path) -> None:
+    # On stderr: stdout keeps the one JSON line of the summary, for scripts.
+    print(f"reasonrl: done; report: reasonrl report {shlex.quote(str(run_dir))}  (add other run folders to compare)",
+          file=sys.stderr, flush=True)
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """What Ctrl-C leaves to do, naming the real folder: resume from its last checkpoint, or,
+    before the first one, that there is nothing to resume yet."""
+    if args.command == "train":
+        run_dir = getattr(args, "run_dir", None)
+        if run_dir is None:
+            return "; no run folder was written yet"
+        from reasonrl.train.checkpoint import list_checkpoints
+
+        checkpoints = list_checkpoints(Path(run_dir))
+        if checkpoints:
+            return (f"; the last checkpoint is {checkpoints[-1].name}: resume with "
+                    f"reasonrl train --resume {shlex.quote(str(run_dir))}")
+        if not Path(run_dir).exists():
+            return f"; nothing to resume: the run folder {run_dir} was not written yet"
+        return (f"; nothing to resume yet: {run_dir} has no checkpoint (train.checkpoint_every sets how often "
+                f"they are written); start again with another -o, or remove {run_dir} first")
+    out = getattr(args, "output", None) or "OUT"
+    return {"expdis": f"; resume with reasonrl expdis --resume -o {out}",
+            "fed-sim": f"; resume with reasonrl fed-sim --resume -o {out}",
+            "fed-server": f"; resume with reasonrl fed-server --resume -o {out}"}.get(args.command, "")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Every registered component, or one stage's: summary, parameters and defaults, origin."""
+    if args.markdown:
+        if args.stage is not None:
+            raise ConfigError("--markdown writes the whole catalog (docs/components.md): drop the STAGE")
+        return _write(catalog.markdown())
+    return _write(catalog.list_text(args.stage) + "\n")
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """One component's whole docstring, recipe entry and parameter table (each stage it is in)."""
+    return _write(catalog.describe_text(args.name, args.stage) + "\n")
+
+
+def _write(text: str) -> int:
+    """Write ``text`` to stdout; a reader that stops early (reasonrl list | head) is no error."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit fails quietly too
     return 0
 
 
@@ -89,7 +161,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from reasonrl.evaluate.cues import Prefilled, evaluate_cues, unescape_cue
     from reasonrl.evaluate.diagnostics import compare_with_baseline, describe_flag
     from reasonrl.evaluate.evaluator import Evaluator
-    from reasonrl.fsutil import atomic_write_text
     from reasonrl.policy.factory import load_for_eval
     from reasonrl.train.trainer import build_task
 
@@ -156,7 +227,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from reasonrl.evaluate.report import ReportError, stats_path, write_report
+    from reasonrl.evaluate.report import ReportError, stats_path, verdict_lines, write_report
 
     try:
         out = write_report(args.runs, args.output, title=args.title,
@@ -166,6 +237,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     print(f"report in {out} (plots in {out.parent / (out.stem + '_files')})")
     if args.baseline is not None:
+        for line in verdict_lines(json.loads(stats_path(out).read_text())):
+            print(line)
         print(f"statistics against {args.baseline} in {stats_path(out)}")
     return 0
 
@@ -259,7 +332,8 @@ def cmd_fed_client(args: argparse.Namespace) -> int:
 
     if args.insecure == bool(args.root_certificates):
         raise ConfigError("fed-client needs exactly one of --insecure (plain HTTP) and --root-certificates PEM (TLS)")
-    state_dir = args.state_dir or f"fed_client_{args.client}"
+    # Under the runs folder, as a training run's output is, never loose in the working directory.
+    state_dir = args.state_dir or str(Path("runs") / f"fed_client_{args.client}")
     try:
         return join(args.client, args.superlink, state_dir, port=args.port, root_certificates=args.root_certificates)
     except KeyboardInterrupt:  # the way a client is stopped; its state folder keeps the last round
@@ -279,45 +353,67 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reasonrl", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def package_version() -> str:
+    """The installed distribution's version, or the source tree's ``reasonrl.__version__``."""
+    try:
+        return version("reasonrl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return getattr(reasonrl, "__version__", "unknown")
 
-    train = sub.add_parser("train", help="run a recipe")
-    train.add_argument("recipe", nargs="?", help="recipe YAML file")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reasonrl", description=__doc__.splitlines()[0],
+        epilog="reasonrl COMMAND --help shows a command's options; reasonrl list shows every component a recipe can name.")
+    parser.add_argument("--version", action="version", version=f"reasonrl {package_version()}",
+                        help="print the installed version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+        # The one-line help of the command list is also the description of the command's own --help.
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", **kwargs)
+
+    train = command("train", "run a recipe: sample, score, update, checkpoint, evaluate before and after")
+    train.add_argument("recipe", nargs="?", metavar="RECIPE.yaml",
+                       help="the recipe file (recipes/ has examples; docs/recipes.md lists every key)")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a recipe value, e.g. --set optim.lr=1e-4 (repeatable)")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
-    train.add_argument("-o", "--output", help="run folder (default: output_dir/<recipe>-<time>)")
+                       help="override a recipe value, e.g. --set optim.lr=1e-4 (repeatable); with --resume only "
+                            "train.steps, to run a stopped or finished run further")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint, "
+                       "with the recipe it saved (recipe.json)")
+    train.add_argument("-o", "--output", metavar="RUN_DIR", help="run folder (default: output_dir/<recipe>-<time>)")
     train.add_argument("--nproc", type=int, metavar="N",
                        help="learner ranks (FSDP2; overrides train.nproc): N processes under torchrun on this "
                             "machine, or Ray actors with train.engine: ray (docs/scaling.md)")
     train.set_defaults(func=cmd_train)
 
-    ev = sub.add_parser("eval", help="sample n completions per problem: avg@k, pass@k, maj@k, greedy, with CIs")
+    ev = command("eval", "sample n completions per problem: avg@k, pass@k, maj@k, greedy, with CIs")
     ev.add_argument("--model", required=True, help="tiny, a run folder, a checkpoint folder, a model folder, a .gguf or an alias")
-    ev.add_argument("--task", required=True)
-    ev.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE")
-    ev.add_argument("--n", type=int, default=16, help="samples per problem")
-    ev.add_argument("--k", type=int, default=8, help="report pass@k and maj@k for this k (and 1)")
-    ev.add_argument("--size", type=int, default=100, help="held-out problems")
-    ev.add_argument("--reward", default="exact_answer", help="the reward whose 1 means correct")
-    ev.add_argument("--temperature", type=float, default=1.0)
-    ev.add_argument("--max-new-tokens", type=int, default=64)
-    ev.add_argument("--batch-size", type=int, default=128, help="sequences sampled together")
-    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--task", required=True, help="a registered task (reasonrl list tasks), e.g. arithmetic")
+    ev.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a parameter of the task, as in a recipe's task: section (repeatable)")
+    ev.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
+    ev.add_argument("--k", type=int, default=8, help="report pass@k and maj@k for this k (and 1; default 8)")
+    ev.add_argument("--size", type=int, default=100, help="held-out problems (default 100)")
+    ev.add_argument("--reward", default="exact_answer", help="the reward whose 1 means correct (default exact_answer)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    ev.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens per completion at most (default 64)")
+    ev.add_argument("--batch-size", type=int, default=128, help="sequences sampled together (default 128)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the problems drawn and of sampling (default 0)")
     ev.add_argument("--baseline-model", metavar="MODEL", help="also evaluate this model (e.g. the base) on the same "
                     "problems: Regret Gap and the reward-hacking flag (docs/diagnostics.md)")
     ev.add_argument("--prefill", action="append", default=[], metavar="CUE",
                     help="also evaluate with the completion prefilled with CUE (\\n for a newline; repeatable): "
                          "delta pass@1 with a paired CI, log p(CUE), how often the model writes CUE itself")
-    ev.add_argument("-o", "--output", default="eval.json")
+    ev.add_argument("-o", "--output", default="eval.json", metavar="FILE.json",
+                    help="where the results go (default eval.json)")
     ev.set_defaults(func=cmd_eval)
 
-    rep = sub.add_parser("report", help="one self-contained HTML file comparing runs (curves, final eval, recipe diff)")
-    rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    rep.add_argument("-o", "--output", default="report.html")
-    rep.add_argument("--title")
+    rep = command("report", "one self-contained HTML file comparing runs (curves, final eval, recipe diff)")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (reasonrl train prints its own)")
+    rep.add_argument("-o", "--output", default="report.html", metavar="FILE.html",
+                     help="where the report goes (default report.html)")
+    rep.add_argument("--title", help="the report's title (default: the runs' names)")
     rep.add_argument("--baseline", metavar="NAME",
                      help="a group name as the report shows it: compare every other group with it (difference, "
                           "bootstrap interval, Welch's t-test); also writes <output stem>_stats.json")
@@ -325,22 +421,38 @@ def build_parser() -> argparse.ArgumentParser:
                      help="bootstrap resamples for --baseline intervals (default 2000, fixed seed)")
     rep.set_defaults(func=cmd_report)
 
-    quick = sub.add_parser("quickstart", help="warm up the embedded model, train it with GRPO, compare")
-    quick.add_argument("--seed", type=int, default=0)
-    quick.add_argument("-o", "--output", default="runs/quickstart")
-    quick.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    quick = command("quickstart", "warm up the embedded model, train it with GRPO, compare")
+    quick.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
+    quick.add_argument("-o", "--output", default="runs/quickstart", metavar="DIR",
+                       help="output folder (default runs/quickstart)")
+    quick.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a value of the quickstart's recipe, e.g. --set train.steps=50 (repeatable)")
     quick.set_defaults(func=cmd_quickstart)
 
-    box = sub.add_parser("sandbox", help="run a Python file in the code sandbox; one JSON line: status, reason, "
-                                         "stdout, wall_s, backend (exit 0 iff status is ok)")
-    box.add_argument("file", metavar="FILE.py")
+    lst = command("list", "every component a recipe can name (advantages, losses, rewards, tasks, ...): "
+                          "parameters, defaults, a summary, where it is defined")
+    lst.add_argument("stage", nargs="?", metavar="STAGE",
+                     help="only this stage (e.g. advantages, rewards, or its recipe section: advantage)")
+    lst.add_argument("--markdown", action="store_true",
+                     help="the Markdown tables of the components reasonrl ships, as in docs/components.md")
+    lst.set_defaults(func=cmd_list)
+
+    desc = command("describe", "one component: its whole docstring, a recipe entry with its defaults, "
+                               "its parameters' types and bounds")
+    desc.add_argument("name", metavar="NAME", help="a component's name, e.g. grpo (every stage that has it is shown)")
+    desc.add_argument("--stage", metavar="STAGE", help="only the component of this stage (e.g. selectors)")
+    desc.set_defaults(func=cmd_describe)
+
+    box = command("sandbox", "run a Python file in the code sandbox; one JSON line: status, reason, "
+                             "stdout, wall_s, backend (exit 0 iff status is ok)")
+    box.add_argument("file", metavar="FILE.py", help="the Python file to run, as a reward would run a completion")
     box.add_argument("--timeout", type=float, default=5.0, metavar="S", help="wall-clock seconds (default 5)")
     box.add_argument("--memory-mb", type=int, default=256, metavar="M", help="address-space limit (default 256)")
     box.add_argument("--max-output-bytes", type=int, default=64_000, metavar="N",
                      help="stdout kept, in bytes (default 64000)")
     box.set_defaults(func=cmd_sandbox)
 
-    exd = sub.add_parser("expdis", help="ExpDis: rounds of novelty-seeking explorers, filter, SFT of the student")
+    exd = command("expdis", "ExpDis: rounds of novelty-seeking explorers, filter, SFT of the student")
     exd.add_argument("recipe", nargs="?", help="the explorers' recipe (advantage novelty + method novelty_memory)")
     exd.add_argument("-o", "--output", required=True, help="output folder")
     exd.add_argument("--resume", action="store_true", help="continue the loop in --output where it stopped")
@@ -349,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     exd.set_defaults(func=cmd_expdis)
 
     def federation_parser(name: str, help: str, output: str, func) -> argparse.ArgumentParser:
-        fed = sub.add_parser(name, help=help)
+        fed = command(name, help)
         fed.add_argument("recipe", nargs="?", help="a recipe with a fed_grpo entry in methods: (recipes/fed_grpo.yaml)")
         fed.add_argument("--resume", action="store_true", help="continue the federation in --output after its last "
                          "finished round (clients keep their own state)")
@@ -371,17 +483,18 @@ def build_parser() -> argparse.ArgumentParser:
     fsrv.add_argument("--ssl-keyfile", help="TLS: the SuperLink's private key (PEM)")
     fsrv.add_argument("--ssl-ca-certfile", help="TLS: the CA certificate that signed it (PEM)")
 
-    fcli = sub.add_parser("fed-client", help="one Fed-GRPO client: a Flower SuperNode that trains on its own prompts "
+    fcli = command("fed-client", "one Fed-GRPO client: a Flower SuperNode that trains on its own prompts "
                                              "for the server at --superlink (until stopped)")
     fcli.add_argument("--client", type=int, required=True, help="this client's index, 0 .. clients-1 (its data split)")
     fcli.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the fed-server's address")
-    fcli.add_argument("--state-dir", help="this client's own folder (optimiser state, residual; default fed_client_C)")
+    fcli.add_argument("-o", "--output", "--state-dir", dest="state_dir",
+                      help="this client's own folder: optimiser state, residual, logs (default runs/fed_client_C)")
     fcli.add_argument("--port", type=int, help="the SuperNode's local API port (default 9094 + client index)")
     fcli.add_argument("--insecure", action="store_true", help="plain HTTP, no TLS (the server runs --insecure)")
     fcli.add_argument("--root-certificates", metavar="PEM", help="TLS: the CA certificate to verify the server with")
     fcli.set_defaults(func=cmd_fed_client)
 
-    fz = sub.add_parser("fuse", help="SURGE: fuse an anchor and a donor checkpoint of one run into an HF folder")
+    fz = command("fuse", "SURGE: fuse an anchor and a donor checkpoint of one run into an HF folder")
     fz.add_argument("anchor", metavar="ANCHOR", help="a run folder, checkpoint folder, model folder or alias")
     fz.add_argument("donor", metavar="DONOR", help="the checkpoint whose complementary update is added")
     fz.add_argument("--base", required=True, help="the model both were trained from (e.g. tiny)")
@@ -420,11 +533,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = {"train": "; resume with `reasonrl train --resume RUN_DIR`",
-                "expdis": "; resume with `reasonrl expdis --resume -o OUT`",
-                "fed-sim": "; resume with `reasonrl fed-sim --resume -o OUT`",
-                "fed-server": "; resume with `reasonrl fed-server --resume -o OUT`"}.get(args.command, "")
-        print(f"reasonrl: interrupted{hint}", file=sys.stderr)
+        print(f"reasonrl: interrupted{_interrupted(args)}", file=sys.stderr)
         return 130
 
 

@@ -9,13 +9,24 @@ Recipe sections (dataclasses in ``reasonrl.sections``) and registered components
 functions, advantages, policy losses, optimisers, methods...) go through the same
 :func:`coerce`, so a bad number fails when the recipe loads, with the key, the bound and
 the value, never as a traceback after the run folder exists.
+
+A parameter typed only ``str`` whose component refuses values up front, with a guard among its
+first statements (``if scale not in GRPO_SCALES: raise ValueError(...)``, before anything returns
+or rebinds the name), has those choices checked at load as a ``Literal`` would be
+(:func:`guarded_choices`): the component would raise on any other value at its first call.
+
+Reward functions come in three calling conventions (:func:`reward_style`), each checked at load
+against the function's signature (:func:`check_reward_signature`).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import inspect
 import math
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,7 +36,8 @@ from reasonrl import registry
 from reasonrl.registry import UnknownNameError, closest_match_hint
 
 __all__ = ["ConfigError", "Range", "Component", "build_section", "PIPELINE_ARGS", "registered", "coerce",
-           "component_hints", "check_component_params", "check_plugin_params", "inject"]
+           "component_hints", "check_component_params", "check_plugin_params", "inject", "guarded_choices",
+           "reward_style", "reward_call", "check_reward_signature", "TRL_ARGS"]
 
 
 class ConfigError(ValueError):
@@ -165,6 +177,12 @@ def check_component_params(fn: Callable, params: dict[str, Any], where: str, key
                                  f"{closest_match_hint(p, own)}")
     hints = component_hints(fn)
     out = {p: coerce(hints[p], v, where, f"{key}.{p}") if p in hints else v for p, v in params.items()}
+    choices = guarded_choices(fn)
+    for p, v in out.items():
+        if p in choices and not _among(v, choices[p]):
+            allowed = [str(c) for c in choices[p]]
+            raise ConfigError(f"{where}: '{key}.{p}' must be one of {', '.join(allowed)}; got {v!r}."
+                              f"{closest_match_hint(str(v), allowed)}")
     check = getattr(fn, "check_params", None)
     if check is not None:
         try:
@@ -172,6 +190,148 @@ def check_component_params(fn: Callable, params: dict[str, Any], where: str, key
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {key}: {exc}") from None
     return out
+
+
+def _among(value: Any, choices: tuple) -> bool:
+    try:
+        return value in choices
+    except TypeError:  # an unhashable value against a frozenset
+        return False
+
+
+def guarded_choices(fn: Callable) -> dict[str, tuple]:
+    """The values each parameter of ``fn`` (of ``__init__`` for a class) is limited to by a guard
+    the component runs before anything else can happen::
+
+        if scale not in GRPO_SCALES:          # or ("group", "batch", "none"), or `... or scale not in X`
+            raise ValueError(...)
+
+    A guard counts when it is a top-level ``if`` of the body whose test is ``NAME not in CHOICES``
+    (alone, or one operand of an ``or``) and whose body raises, and no earlier statement can return
+    or yield, or rebind ``NAME``; ``CHOICES`` is a literal tuple, list or set of constants or a
+    module-level tuple or frozenset of them. Then any other value raises at the component's first
+    call, so the recipe loader refuses it instead. Empty when the source cannot be read."""
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        return _guarded_choices(inspect.unwrap(target))
+    except TypeError:  # not hashable (a callable instance): no guards read
+        return {}
+
+
+@functools.lru_cache(maxsize=None)
+def _guarded_choices(fn: Callable) -> dict[str, tuple]:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        names = set(inspect.signature(fn).parameters)
+    except (OSError, TypeError, ValueError, SyntaxError):
+        return {}
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {}
+    found: dict[str, tuple] = {}
+    rebound: set[str] = set()
+    for stmt in node.body:
+        if isinstance(stmt, ast.If) and any(isinstance(s, ast.Raise) for s in stmt.body):
+            tests = stmt.test.values if isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.Or) \
+                else [stmt.test]
+            for test in tests:
+                guard = _not_in(test, getattr(fn, "__globals__", {}))
+                if guard and guard[0] in names and guard[0] not in rebound and guard[0] not in found:
+                    found[guard[0]] = guard[1]
+        inner = list(ast.walk(stmt))
+        if any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom)) for n in inner):
+            break
+        rebound |= {n.id for n in inner if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    return found
+
+
+def _not_in(test: ast.expr, module: dict[str, Any]) -> tuple[str, tuple] | None:
+    """(name, choices) of a ``name not in CHOICES`` test, or None."""
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.NotIn)):
+        return None
+    right = test.comparators[0]
+    if isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+        if not all(isinstance(e, ast.Constant) for e in right.elts):
+            return None
+        values = tuple(e.value for e in right.elts)
+    elif isinstance(right, ast.Name) and isinstance(module.get(right.id), (tuple, frozenset)):
+        values = tuple(module[right.id])  # immutable: what the guard compares with at every call
+        if not all(isinstance(v, (str, int, float, bool, type(None))) for v in values):
+            return None
+    else:
+        return None
+    return (test.left.id, values) if values else None
+
+
+# --- reward functions' calling conventions ------------------------------------------------
+
+TRL_ARGS = ("prompts", "completions", "completion_ids")
+"""What a TRL-style reward is called with beside its dataset columns (TRL ``GRPOTrainer``)."""
+
+REWARD_CALLS = {
+    "completion": "fn(completion: str, problem: Problem, *, num_tokens: int, truncated: bool, **params) -> float",
+    "group": "fn(completions: list[str], problem: Problem, *, num_tokens: list[int], truncated: list[bool], "
+             "**params) -> list[float]",
+    "batched": "fn(*, prompts: list[str], completions: list[str], completion_ids: list[list[int]], "
+               "answer: list[str], solution: list[str], <each problem.meta key>: list, **params) "
+               "-> list[float | None]  (TRL's reward-function signature; declared names only, unless it takes **kwargs)",
+}
+
+
+def reward_style(fn: Callable) -> str:
+    """How the scorer calls reward ``fn``: ``"group"`` (marked ``@group_reward``), ``"batched"``
+    (TRL's convention, told by a parameter named ``completions`` and none named ``problem`` or
+    ``completion``: keyword lists for one prompt's group), else ``"completion"`` (one call per
+    completion). ``REWARD_CALLS`` spells each out."""
+    if getattr(fn, "group_reward", False):
+        return "group"
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return "completion"
+    if "completions" in params and "problem" not in params and "completion" not in params:
+        return "batched"
+    return "completion"
+
+
+def reward_call(fn: Callable) -> str:
+    """The signature the scorer calls ``fn`` with, and ``fn``'s own: for messages."""
+    try:
+        own = f"{getattr(fn, '__name__', type(fn).__name__)}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        own = repr(fn)
+    return f"reasonrl calls it as {REWARD_CALLS[reward_style(fn)]}; its signature is {own}"
+
+
+def check_reward_signature(fn: Callable, params: dict[str, Any], where: str, key: str) -> None:
+    """A ConfigError when reward ``fn`` cannot be called the way the scorer will call it (a keyword
+    it does not take, a third positional parameter): every call would fail, whatever the recipe
+    sets. TRL-style rewards are checked at their first call, which knows the dataset's columns."""
+    style = reward_style(fn)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    pars = sig.parameters
+    if style == "completion" and "completions" in pars and "problem" in pars:
+        raise ConfigError(f"{where}: {key}: reward takes 'completions' and 'problem': a reward scoring a prompt's "
+                          f"group at once must be marked @group_reward (reasonrl.rewards.scorer.group_reward), and a "
+                          f"TRL-style reward takes no 'problem' ({reward_call(fn)})")
+    if style == "batched":
+        return
+    # A parameter of its own the recipe leaves unset is the recipe's business (the call's error says
+    # which); what no recipe can fix is a call the signature cannot take.
+    first = list(pars)[:2]  # the completion(s) and the problem, passed by position
+    unset = {n: None for n, p in pars.items() if p.default is p.empty and n not in PIPELINE_ARGS["rewards"]
+             and n not in params and n not in first and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    rows: Any = [] if style == "group" else ""
+    try:
+        sig.bind(rows, None, num_tokens=rows, truncated=rows, **params, **unset)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {key}: reward cannot be called this way ({exc}); {reward_call(fn)}. Give it the "
+                          "parameters it is called with (and **kwargs for those it ignores), or TRL's signature "
+                          "fn(completions, **kwargs)") from None
 
 
 def inject(fn: Callable, args: tuple, pipeline: dict[str, Any], params: dict[str, Any]) -> Any:
@@ -267,7 +427,11 @@ def _build_component(cls: type, raw: Any, where: str, key: str) -> Component:
         # The batch.aux keys a component declares reading (``dataflow.declares``) reach it by name from
         # the pipeline (the ``gae`` advantage's ``values``), so a recipe never sets them.
         pipeline = PIPELINE_ARGS[section] | set(getattr(fn, "consumes", ()))
+        if section == "rewards" and reward_style(fn) == "batched":
+            pipeline |= BATCHED_REWARD_ARGS
         params = check_component_params(fn, params, where, key, pipeline, strict_kwargs=section == "rewards")
+        if section == "rewards":
+            check_reward_signature(fn, params, where, key)
     return cls(name=name, params=params, **extra)
 
 
@@ -288,6 +452,10 @@ PIPELINE_ARGS = {
     "loss": {"logprobs", "old_logprobs", "advantages", "response_mask", "group_ids"},
     "optim": {"parameters", "lr", "betas", "weight_decay"},
 }
+
+
+# A TRL-style reward's arguments that no recipe sets: TRL's, and the columns every problem has.
+BATCHED_REWARD_ARGS = {*TRL_ARGS, "answer", "solution", "num_tokens", "truncated"}
 
 
 def registered(reg: registry.Registry, name: str, where: str, key: str) -> Any:

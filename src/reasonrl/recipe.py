@@ -25,7 +25,8 @@ import yaml
 from reasonrl import registry
 from reasonrl.dataflow import check_data_flow
 from reasonrl.hooks import method_specs
-from reasonrl.params import PIPELINE_ARGS, ConfigError, build_section, check_component_params, registered
+from reasonrl.params import (PIPELINE_ARGS, ConfigError, build_section, check_component_params, registered,
+                             reward_style)
 from reasonrl.registry import UnknownNameError
 from reasonrl.sections import (  # noqa: F401  (the sections are part of this module's API)
     EvalConfig, KLConfig, LogConfig, LoraConfig, LossConfig, ModelConfig, OptimConfig, Recipe,
@@ -158,8 +159,8 @@ def _check_semantics(r: Recipe, where: str) -> None:
         optimizer.check_recipe(r, lambda cond, msg: need(cond, where, msg))
     registered(registry.SCHEDULES, r.optim.schedule, where, "optim.schedule")
     eval_reward = registered(registry.REWARDS, r.eval.reward, where, "eval.reward")
-    need(not getattr(eval_reward, "group_reward", False), where,
-         f"eval.reward '{r.eval.reward}' scores groups, not single answers; use a per-answer reward")
+    need(reward_style(eval_reward) == "completion", where,
+         f"eval.reward '{r.eval.reward}' scores groups or batches, not single answers; use a per-answer reward")
     if isinstance(r.eval.k, int):
         r.eval.k = [r.eval.k]
     need(all(1 <= k <= r.eval.n for k in r.eval.k), where,

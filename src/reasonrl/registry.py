@@ -33,6 +33,7 @@ import re
 import sys
 import traceback
 import types
+import weakref
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, TypeVar
@@ -76,8 +77,14 @@ def load_components() -> None:
     if _components_loaded:
         return
     _components_loaded = True  # first: a module being loaded may itself look a name up
-    for entry in entry_points(group=COMPONENTS_GROUP):
-        entry.load()
+    try:
+        for entry in entry_points(group=COMPONENTS_GROUP):
+            entry.load()
+    except BaseException:
+        # Not loaded: the next lookup tries again (and fails the same way) rather than answering
+        # from registries that hold only the modules imported before the failure.
+        _components_loaded = False
+        raise
 
 
 # --- user code ------------------------------------------------------------------------
@@ -303,19 +310,39 @@ def _describe(obj: Any) -> str:
     return f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind} ({text[:60] + '...' if len(text) > 60 else text})"
 
 
+# Every registry created, in order: the core's below, then any a package declares. Weak references:
+# a registry made for a moment (a test's) leaves the catalog when it is gone.
+_REGISTRIES: list[weakref.ref] = []
+
+
+def registries() -> list["Registry"]:
+    """Every registry, with the built-in components loaded first: the core's stages, and the
+    registries a method package declares for its own plugins (an advisor, an FSG judge), so a
+    catalog of them (``reasonrl list``) needs no list of its own."""
+    load_components()
+    return [reg for reg in (ref() for ref in _REGISTRIES) if reg is not None]
+
+
 class Registry:
     """A mapping from name to component, with duplicate and typo checks.
 
     ``expects``: ``"callable"`` (functions, or classes) or ``"class"`` (the registry's
-    users instantiate what they get, e.g. tasks); checked for user code."""
+    users instantiate what they get, e.g. tasks); checked for user code. ``stage``: the
+    registry's name in the catalog (``reasonrl list advantages``); by default the plural of
+    ``kind`` in snake case ("FSG judge" -> ``fsg_judges``).
 
-    def __init__(self, kind: str, expects: str = "callable") -> None:
+    Listing (``names``, ``items``, iteration, ``in``) loads the built-in components
+    first (``load_components``), so it is complete in any process, whatever it imported."""
+
+    def __init__(self, kind: str, expects: str = "callable", stage: str | None = None) -> None:
         if expects not in ("callable", "class"):
             raise ValueError(f"expects must be 'callable' or 'class', got {expects!r}")
         self.kind = kind
         self.expects = expects
+        self.stage = stage or re.sub(r"\W+", "_", kind.lower()).strip("_") + "s"
         self._items: Dict[str, Any] = {}
         self._code: Dict[str, Any] = {}  # user code resolved from "file.py:symbol" / "module:symbol"
+        _REGISTRIES.append(weakref.ref(self))
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -360,9 +387,14 @@ class Registry:
         return obj
 
     def names(self) -> list[str]:
-        """Every registered name (all built-in components loaded first)."""
+        """Every registered name, sorted (all built-in components loaded first)."""
         load_components()
         return sorted(self._items)
+
+    def items(self) -> list[tuple[str, Any]]:
+        """Every registered ``(name, component)``, sorted by name (all built-in components loaded first)."""
+        load_components()
+        return sorted(self._items.items())
 
     def __contains__(self, name: object) -> bool:
         load_components()
@@ -371,19 +403,23 @@ class Registry:
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
+    def __repr__(self) -> str:
+        return f"<Registry {self.stage} ({self.kind})>"
 
-ADVANTAGES = Registry("advantage estimator")
-POLICY_LOSSES = Registry("policy loss")
-KL_ESTIMATORS = Registry("KL estimator")
-REWARDS = Registry("reward function")
-TOKEN_REWARDS = Registry("token reward function")
-SELECTORS = Registry("selector")
-TASKS = Registry("task", expects="class")
-OPTIMIZERS = Registry("optimizer")
-SCHEDULES = Registry("LR schedule")
-PROMPT_SAMPLERS = Registry("prompt sampler", expects="class")
-METHODS = Registry("method", expects="class")
-OFF_POLICY = Registry("off-policy correction")
-PREFIX_CHECKS = Registry("prefix check")
-ROLLOUT_SOURCES = Registry("rollout source", expects="class")
-ENVIRONMENTS = Registry("environment", expects="class")
+
+# ``stage``: the name in the catalog (``reasonrl list STAGE``, docs/components.md).
+ADVANTAGES = Registry("advantage estimator", stage="advantages")
+POLICY_LOSSES = Registry("policy loss", stage="losses")
+KL_ESTIMATORS = Registry("KL estimator", stage="kl_estimators")
+REWARDS = Registry("reward function", stage="rewards")
+TOKEN_REWARDS = Registry("token reward function", stage="token_rewards")
+SELECTORS = Registry("selector", stage="selectors")
+TASKS = Registry("task", expects="class", stage="tasks")
+OPTIMIZERS = Registry("optimizer", stage="optimisers")
+SCHEDULES = Registry("LR schedule", stage="schedules")
+PROMPT_SAMPLERS = Registry("prompt sampler", expects="class", stage="samplers")
+METHODS = Registry("method", expects="class", stage="methods")
+OFF_POLICY = Registry("off-policy correction", stage="corrections")
+PREFIX_CHECKS = Registry("prefix check", stage="prefix_checks")
+ROLLOUT_SOURCES = Registry("rollout source", expects="class", stage="rollout_sources")
+ENVIRONMENTS = Registry("environment", expects="class", stage="envs")

@@ -81,6 +81,11 @@ class ModelConfig:
     """Wrap each prompt in the tokenizer's chat template as a user turn (needs a tokenizer that has one)."""
     tiny: dict[str, Any] = field(default_factory=dict)
     """Overrides of ``TinyConfig`` (architecture and warm-up of the embedded model)."""
+    max_unknown_chars: Annotated[float, Range(ge=0, le=1)] = 0.05
+    """The most the share of prompt characters its tokenizer maps to its unknown token may be (the
+    embedded model knows only its task's alphabet, digits and ``+-*()=;#`` for arithmetic); checked
+    at load over the training and held-out prompts: above it the run is refused (exit 2), any
+    unknown character at all is a warning with the share."""
 
 
 @dataclass
@@ -119,6 +124,13 @@ class RolloutConfig:
     reward_memory_mb: Annotated[int, Range(ge=0)] = 4096
     """Default ``rewards[i].worker_memory_mb``: MiB a reward worker's address space may grow by
     during one call; an allocation past it fails, the call scores 0 and is counted (0: no limit)."""
+    reward_max_failure_share: Annotated[float, Range(ge=0, le=1)] = 0.5
+    """Fail fast: a reward function that fails (raises, times out, returns a non-number) on more than
+    this share of one scoring call's completions, in ``reward_failure_patience`` calls in a row, stops
+    the run (exit 2) with its own error and the signature it is called with (1: never)."""
+    reward_failure_patience: Annotated[int, Range(ge=0)] = 3
+    """Scoring calls in a row (one per training step; more with dynamic sampling or methods that
+    score rows of their own) past ``reward_max_failure_share`` that stop the run (0: never)."""
     source: str = "sync"
     """Where training batches come from (``ROLLOUT_SOURCES``): ``sync`` samples each step's batch
     with the current weights, then learns; ``async`` samples in its own process (or Ray actors,
@@ -282,6 +294,10 @@ class TrainConfig:
     """How ``nproc`` > 1 learner ranks start: ``torchrun`` (this machine, or under your own torchrun
     or Slurm launch) or ``ray``: Ray actors in one placement group (``ray.init`` reaches an existing
     cluster through ``RAY_ADDRESS``; none: a local one is started and stopped)."""
+    warn_flat_steps: Annotated[int, Range(ge=0)] = 5
+    """Warn after this many training steps in a row on which every sampled group's rewards were all
+    equal (``zero_variance_group_fraction`` 1: no group-relative learning signal), naming the likely
+    causes; again every as many steps while it lasts (0: never)."""
     dist_timeout_s: Annotated[float, Range(gt=0)] = 1800.0
     """Seconds a learner rank waits in a collective (rank 0 sampling, scoring and evaluating is the
     longest wait) before it fails the run; a dead rank ends the run sooner (its launcher stops the rest)."""
@@ -321,6 +337,12 @@ class LogConfig:
     """Default: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<output folder>/mlflow.db``."""
     plots: bool = True
     progress: bool = True
+    samples_per_step: Annotated[int, Range(ge=0)] = 16
+    """Completions written to ``samples.jsonl`` per training step (whole groups; 0: none); see reasonrl.train.samples."""
+    samples_eval: Annotated[int, Range(ge=0)] = 32
+    """Held-out problems whose greedy completions ``samples.jsonl`` gets at each evaluation (the same prompts in every run)."""
+    samples_max_mb: Annotated[float, Range(gt=0)] = 50.0
+    """``samples.jsonl`` stops growing at this size (a warning says so)."""
 
 
 @dataclass

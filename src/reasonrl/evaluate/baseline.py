@@ -4,23 +4,21 @@ For each final metric and each group of runs (runs that differ only in their see
 as :func:`reasonrl.evaluate.report.group_runs` forms them) other than the baseline:
 the difference of means, a two-level bootstrap interval, Welch's t-test over seeds
 and a mark where both agree. :func:`compare_to_baseline` gives the rows (which
-``write_report`` also writes to ``<out stem>_stats.json``), :func:`comparison_section`
-their table in the report. The statistics are in :mod:`reasonrl.evaluate.stats`.
+``write_report`` renders and also writes to ``<out stem>_stats.json``). The statistics are in
+:mod:`reasonrl.evaluate.stats`.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import statistics
 import zlib
 from typing import Any, Callable
 
-from reasonrl.evaluate.runs import BOOTSTRAP_RESAMPLES, ReportError, Run, final_eval_keys, format_number, is_finite_number
+from reasonrl.evaluate.runs import BOOTSTRAP_RESAMPLES, ReportError, Run, final_eval_keys, is_finite_number
 from reasonrl.evaluate.stats import bootstrap_diff, welch_t_test
 
 SIGNIFICANCE_LEVEL = 0.05  # the mark: Welch's p below this and the (1 − level) bootstrap interval excluding 0
-_MARK, _SEEDS_ONLY = "●", "†"
 
 
 def find_group(groups: list[tuple[str, list[Run]]], name: str) -> tuple[str, list[Run]]:
@@ -125,55 +123,3 @@ def compare_to_baseline(groups: list[tuple[str, list[Run]]], baseline: str,
                 continue
             row["significant"] = bool(p < SIGNIFICANCE_LEVEL and (low > 0 or high < 0))
     return rows
-
-
-def _fmt_p(p: float) -> str:
-    return f"{p:.3f}" if p >= 0.01 else f"{p:.2g}"
-
-
-def comparison_section(rows: list[dict[str, Any]], baseline: tuple[str, list[Run]], num_resamples: int,
-                       seed: int) -> str:
-    """The report's section on :func:`compare_to_baseline`'s ``rows``: their table and how to read it."""
-    name, members = baseline
-    parts = [f"<h2>Against the baseline {html.escape(name)}</h2>",
-             f"<p>Baseline <b>{html.escape(name)}</b>: {html.escape(', '.join(r.label for r in members))}. "
-             "Difference = group mean − baseline mean of the runs' final values.</p>"]
-    if not rows:
-        parts.append("<p>Nothing to compare: no other group, or no final evaluation.</p>")
-        return "\n".join(parts)
-    lines = ["<table><tr><th>metric</th><th>group</th><th>runs</th><th>mean</th><th>baseline mean</th>"
-             "<th>difference</th><th>95% interval</th><th>t</th><th>df</th><th>p (Welch)</th><th></th></tr>"]
-    for row in rows:
-        def num(key: str, fmt: Callable[[float], str] = format_number) -> str:
-            return "—" if row[key] is None else fmt(row[key])
-
-        interval = "—" if row["ci_low"] is None else f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]"
-        if row["resampled"] == "seeds":
-            interval += f"<sup>{_SEEDS_ONLY}</sup>"
-        if row["p"] is not None:
-            p_cell = _fmt_p(row["p"])
-        elif row["diff"] is None:
-            p_cell = "—"
-        else:
-            p_cell = f"n/a<br><small>{html.escape(row['note'] or '')}</small>"
-        t_cell = "n/a" if row["t"] is None and row["diff"] is not None else num("t")
-        df_cell = "n/a" if row["df"] is None and row["diff"] is not None else num("df", lambda v: f"{v:.1f}")
-        mark = f"<td class='sig' title='seed spread cannot explain it'>{_MARK}</td>" if row["significant"] else "<td></td>"
-        lines.append(
-            f"<tr><td>{html.escape(row['metric'])}</td><td>{html.escape(row['group'])}</td>"
-            f"<td>{row['n_runs']} vs {row['n_baseline_runs']}</td><td>{num('mean')}</td><td>{num('baseline_mean')}</td>"
-            f"<td>{num('diff', lambda v: f'{v:+.3f}')}</td><td>{interval}</td><td>{t_cell}</td><td>{df_cell}</td>"
-            f"<td>{p_cell}</td>{mark}</tr>")
-    lines.append("</table>")
-    parts.append("\n".join(lines))
-    notes = [f"{_MARK} marks a difference that the seed spread cannot explain: Welch's two-sided p &lt; "
-             f"{SIGNIFICANCE_LEVEL} over the runs' final values and the 95% bootstrap interval excludes 0."]
-    notes.append(f"Interval: {num_resamples} bootstrap resamples (seed {seed}) that draw the runs of each group "
-                 "with replacement and, within each drawn run, its held-out problems with replacement.")
-    if any(row["resampled"] == "seeds" for row in rows):
-        notes.append(f"{_SEEDS_ONLY} Not every run folder has per-problem outcomes of this metric "
-                     "(<code>final_eval_per_problem</code> in summary.json): the interval resamples seeds only.")
-    notes.append("With a few seeds per group (3 is few) neither the mark nor its absence is strong evidence, "
-                 "and comparing many metrics marks some differences by chance.")
-    parts.append("".join(f"<p><small>{n}</small></p>" for n in notes))
-    return "\n".join(parts)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from reasonrl.params import ConfigError
 
 from reasonrl.sections import Recipe
-from reasonrl.evaluate.accuracy import accuracy_by_form, greedy_outcomes
+from reasonrl.evaluate.accuracy import accuracy_by_form, greedy_texts
 from reasonrl.evaluate.metrics import bootstrap_ci
 from reasonrl.evaluate.sampling_eval import evaluate_sampling
 from reasonrl.policy.hf import HFPolicy
@@ -31,6 +31,8 @@ class EvalResult:
     per_problem: dict[str, list[float]] = field(default_factory=dict)
     """Per held-out problem (in the task's fixed order), the values a metric averages; what
     ``reasonrl report --baseline`` resamples."""
+    completions: list[str] = field(default_factory=list)
+    """The greedy completion of each held-out problem, in the same order (``samples.jsonl``)."""
 
 
 def answer_extractor(reward_name: str, task: Any = None) -> Callable[[str, Any], str | None]:
@@ -83,10 +85,11 @@ class Evaluator:
         if not self.problems:
             return EvalResult({})
         sampler = rollout_sampler(policy, self.recipe)  # with an env, greedy episodes
-        correct = greedy_outcomes(sampler, self.problems, self.budget, self.cfg.batch_size, self.stop, self.reward)
+        texts = greedy_texts(sampler, self.problems, self.budget, self.cfg.batch_size, self.stop)
+        correct = [self.reward(t, p) == 1.0 for t, p in zip(texts, self.problems)]
         outcomes = [float(c) for c in correct]
         result = EvalResult(accuracy_by_form(correct, self.problems), {"accuracy": bootstrap_ci(outcomes)},
-                            {"accuracy": outcomes})
+                            {"accuracy": outcomes}, texts)
         if sampler is not policy:  # the greedy episodes' means, e.g. episode/tool_calls
             result.metrics.update(sampler.metrics())
         if self.cfg.n:

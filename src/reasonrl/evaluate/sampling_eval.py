@@ -83,6 +83,7 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
             row = {
                 "prompt": problem.prompt, "answer": problem.answer, "n": n, "correct": sum(correct),
                 "sample_correct": correct,
+                "completions": texts,  # what the model wrote, kept in eval.json (issue 35)
                 "maj": {k: _majority_correct(answers[:k], correct[:k]) for k in ks},
                 "majority_answer": winner,
                 "majority_votes": answers.count(winner) if winner is not None else 0,
@@ -106,6 +107,7 @@ def evaluate_sampling(policy: HFPolicy, problems: list[Problem], *, is_correct: 
                 row["form"] = problem.meta["form"]
             if greedy_texts is not None:
                 row["greedy"] = bool(is_correct(greedy_texts[i], problem))
+                row["greedy_completion"] = greedy_texts[i]
             if group_metrics is not None:
                 row["group_metrics"] = group_metrics(problem, texts)
             rows.append(row)

@@ -7,6 +7,9 @@ embedded model has no private code path.
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Iterable
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -30,3 +33,22 @@ def build_char_tokenizer(chars: str = ARITHMETIC_CHARS) -> PreTrainedTokenizerFa
     tok.padding_side = "left"
     tok.chat_template = PLAIN_CHAT_TEMPLATE
     return tok
+
+
+def unknown_characters(tokenizer, texts: Iterable[str]) -> tuple[Counter, int]:
+    """(count of each character of ``texts`` that ``tokenizer`` maps to its unknown token, the
+    number of characters in all): the embedded model's tokenizer knows only its alphabet, so a
+    prompt in words reaches it as a row of ``<unk>``. Each distinct character is tokenised once,
+    alone; a tokenizer without an unknown token (byte-level BPE) knows every character: (empty, 0)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return Counter(), 0
+    counts: Counter = Counter()
+    for text in texts:
+        counts.update(text)
+    total = sum(counts.values())
+    if not counts:
+        return Counter(), total
+    chars = sorted(counts)
+    ids = tokenizer(chars, add_special_tokens=False)["input_ids"]
+    return Counter({c: counts[c] for c, i in zip(chars, ids) if unk in i}), total

@@ -4,7 +4,18 @@ A reward function is called once per completion::
 
     fn(completion: str, problem: Problem, *, num_tokens: int, truncated: bool, **params) -> float
 
-(a group reward, marked ``@group_reward``, gets a prompt's G completions at once).
+(a group reward, marked ``@group_reward``, gets a prompt's G completions at once). A function
+with TRL's batched signature, told by a parameter named ``completions`` and none named
+``problem``, is called once per prompt group with keyword lists, as TRL's ``GRPOTrainer`` calls
+it::
+
+    fn(prompts=[...], completions=[...], answer=[...], solution=[...], <problem.meta keys>=[...],
+       **params) -> list[float | None]      # None: not applicable, scored 0
+
+(``completion_ids`` too where the caller has the token ids; a function without ``**kwargs``
+gets only the names it declares). The recipe loader refuses a function the scorer cannot call
+(``reasonrl.params.check_reward_signature``); its metrics are named by its function's name
+(``reward/fn`` for ``path/to/file.py:fn``).
 The scorer (``reasonrl.rewards.scorer``) calls it in a worker process forked from
 the training process, under a timeout, so a reward function may:
 
@@ -18,7 +29,9 @@ the training process, under a timeout, so a reward function may:
   process (segfault, ``os._exit``, MemoryError): that sample (or group) scores 0, the failure is counted in
   ``reward_failures/<name>`` and warned about once per function and kind; a hung or
   dead worker is killed with its process group (so a sandbox it started goes too)
-  and replaced, and the other rows carry on;
+  and replaced, and the other rows carry on. A function that fails on more than
+  ``rollout.reward_max_failure_share`` (0.5) of a step's completions ``rollout.reward_failure_patience``
+  (3) steps in a row stops the run (exit 2) with its last error and the signature it is called with;
 - be slow: ``rewards[i].workers: N`` scores its calls in N processes in parallel
   (``workers: 0``, the default, shares one worker among all such rewards);
 - start subprocesses, threads, or its own ``TimeoutRunner`` (``math_verify`` does:

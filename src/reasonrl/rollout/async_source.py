@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from reasonrl.batch import RolloutBatch
+from reasonrl.params import ConfigError
 from reasonrl.perf import Stopwatch
 from reasonrl.policy.lowrank import lowrank_payload_bytes
 from reasonrl.problem import Problem
@@ -220,6 +221,8 @@ class AsyncSource(RolloutSource):
                         continue
                     if message[0] == "error":
                         raise RuntimeError(f"async sampler {i} failed:\n{message[1]}")
+                    if message[0] == "config_error":
+                        raise ConfigError(f"async sampler {i}: {message[1]}")
                     if message[0] == "dead":
                         self._restart(i, message[1])
                         continue

@@ -67,7 +67,10 @@ def sample_and_score(policy: HFPolicy, scorer: Scorer, problems: list[Problem], 
     written = samples.completion_mask if loss_mask is None else samples.completion_mask * loss_mask
     num_tokens = written.sum(-1).tolist()
     with watch("score"):
-        scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist(), group_size=g)
+        # TRL-style rewards may read each completion's token ids (the model's own tokens).
+        ids = {"completion_ids": [row[m.bool()].tolist() for row, m in zip(samples.completion_ids, written)]} \
+            if "batched" in getattr(scorer, "styles", ()) else {}
+        scores = scorer(samples.texts, rows, num_tokens, samples.truncated.tolist(), group_size=g, **ids)
     total = torch.tensor(scores.total, dtype=torch.float32)
     env_rewards = getattr(samples, "env_rewards", None)
     if env_rewards is not None:  # an episode's per-turn rewards add to its reward functions'

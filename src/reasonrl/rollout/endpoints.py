@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from reasonrl.params import ConfigError
+
 __all__ = ["LocalEndpoint", "RayEndpoint", "worker_main", "ray_session"]
 
 
@@ -30,6 +32,8 @@ def worker_main(recipe_dict: dict, threads: int, start: dict, inbox, outbox) -> 
         from reasonrl.rollout.sampler_worker import SamplerWorker
 
         SamplerWorker(recipe_from_dict(recipe_dict, "async sampler"), start).loop(inbox, outbox)
+    except ConfigError as exc:  # the recipe's fault (a reward failing on most calls): the learner exits 2 with it
+        outbox.put(("config_error", str(exc)))
     except BaseException:  # the learner reports it; nothing may die silently
         outbox.put(("error", traceback.format_exc()))
     finally:

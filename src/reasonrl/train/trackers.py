@@ -30,6 +30,24 @@ class Tracker(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: ``log_samples(step, split, rows)`` receives samples.jsonl's rows
+    # (reasonrl.train.samples) as each tool shows text: TensorBoard text, an MLflow artifact,
+    # a W&B table.
+
+
+SAMPLE_COLUMNS = ("prompt", "completion", "answer", "reward", "advantage", "length", "stop_reason", "correct", "group")
+
+
+def samples_markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table (TensorBoard renders text summaries as Markdown); cells
+    escape ``|`` and show newlines as ``⏎`` so a completion stays on its row."""
+    def cell(value: Any) -> str:
+        text = "" if value is None else str(value)
+        return text.replace("|", "\\|").replace("\n", "⏎")
+
+    head = "| " + " | ".join(SAMPLE_COLUMNS) + " |\n|" + "---|" * len(SAMPLE_COLUMNS) + "\n"
+    return head + "".join("| " + " | ".join(cell(r.get(c)) for c in SAMPLE_COLUMNS) + " |\n" for r in rows)
+
 
 def _require(module: str, extra: str):
     import importlib
@@ -54,6 +72,9 @@ class TensorBoardTracker:
         for key, value in scalars.items():
             self._writer.add_scalar(key, value, step)
 
+    def log_samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
+        self._writer.add_text(f"samples/{split}", samples_markdown(rows), step)
+
     def close(self) -> None:
         self._writer.close()
 
@@ -68,12 +89,16 @@ class MlflowTracker:
         mlflow = _require("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri or f"sqlite:///{run_dir.resolve().parent / 'mlflow.db'}"
+        beside = run_dir.resolve().parent
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri or f"sqlite:///{beside / 'mlflow.db'}"
+        # With a SQLite store MLflow puts artifacts (samples.jsonl's rows) in ./mlruns of the working
+        # directory unless the experiment says otherwise: keep them beside the store, in the runs folder.
+        artifacts = (beside / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
         self._client = MlflowClient(uri)
         self.tracking_uri = uri
         if run_id is None:
             found = self._client.get_experiment_by_name(experiment)
-            experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
+            experiment_id = found.experiment_id if found else self._client.create_experiment(experiment, artifact_location=artifacts)
             run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
             # MLflow caps parameter values at 6000 characters; long lists are truncated, not refused.
             for key, value in params.items():
@@ -87,6 +112,10 @@ class MlflowTracker:
         now = int(self._mlflow.utils.time.get_current_time_millis())
         metrics = [Metric(mlflow_metric_name(key), float(v), now, step) for key, v in scalars.items()]
         self._client.log_batch(self.run_id, metrics=metrics)
+
+    def log_samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        self._client.log_text(self.run_id, text, f"samples/{split}_step_{step:06d}.jsonl")
 
     def close(self) -> None:
         self._client.set_terminated(self.run_id)
@@ -109,9 +138,15 @@ class WandbTracker:
                                dir=str(run_dir), config=config, id=run_id, resume="allow" if run_id else None,
                                reinit="create_new")
         self.run_id = self._run.id
+        self._wandb = wandb
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=step)
+
+    def log_samples(self, step: int, split: str, rows: list[dict[str, Any]]) -> None:
+        table = self._wandb.Table(columns=["step", *SAMPLE_COLUMNS], data=[[step, *(r.get(c) for c in SAMPLE_COLUMNS)] for r in rows])
+        # commit=False: the step's metrics row, logged next at the same step, commits it.
+        self._run.log({f"samples/{split}": table}, step=step, commit=False)
 
     def close(self) -> None:
         self._run.finish()

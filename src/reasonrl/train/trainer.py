@@ -53,9 +53,11 @@ from reasonrl.train import checkpoint as ckpt
 from reasonrl.metrics_log import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.behaviour import prepare_behaviour
 from reasonrl.train.fsdp import ShardedLearner, check_shardable, sharded
+from reasonrl.train.guards import FlatSteps, check_prompt_characters, reward_metrics
 from reasonrl.train.objective import batch_logprobs, policy_loss_fn, reduce_stats
 from reasonrl.train.optim import Learner, build_learner
 from reasonrl.train.progress import Progress
+from reasonrl.train.samples import SampleWriter
 from reasonrl.train.trackers import check_trackers, open_trackers
 
 RECIPE_FILE = "recipe.json"
@@ -97,6 +99,7 @@ class _Step:
     watch: Stopwatch
     started: float
     batch: Any = None
+    sampled: Any = None  # every row sampled this step (samples.jsonl), beside the rows trained on
     stats: Any = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -118,6 +121,7 @@ class Trainer:
         self.task = build_task(r)
         self.sampler = build_sampler(r, self.task)
         self.evaluator = Evaluator(r, self.task)
+        self.samples: SampleWriter | None = None  # opened with the run folder (run)
         check_trackers(r.log.report_to)  # a missing extra fails now, not after the run folder exists
         # Reward workers are forked now, before the model exists, so they share no model pages.
         source = ROLLOUT_SOURCES.get(r.rollout.source)
@@ -126,6 +130,7 @@ class Trainer:
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
         self.policy = build_policy(r.model, log=self.log, decoder=r.rollout.decoder,
                                    gradient_checkpointing=r.train.gradient_checkpointing, precision=r.train.precision)
+        check_prompt_characters(r, self.policy, self.task, self.evaluator, self.log)  # a tokenizer that cannot read them
         # Every prompt against the context, before anything tokenises a (possibly huge) row.
         fit_prompt_lengths(r, self.policy, self.task, self.evaluator, self.log)
         check_rollout_fits(r, self.policy, self.task)
@@ -138,6 +143,7 @@ class Trainer:
         else:
             self.learner = build_learner(self.policy, r)  # the optimiser entry may bring its own (logra)
         self.methods = build_methods(r)
+        self.flat_steps = FlatSteps(r, self.log)  # warns after train.warn_flat_steps steps with no learning signal
         self.source = source(SourceContext(
             recipe=r, policy=self.policy, scorer=self.scorer, task=self.task, sampler=self.sampler,
             generator=self.generator, log=self.log, learner=self.learner))
@@ -216,11 +222,16 @@ class Trainer:
                                  experiment=r.log.experiment, mlflow_tracking_uri=r.log.mlflow_tracking_uri,
                                  config=r.to_dict(), resume_step=resume_step)
         writer = MetricsWriter(self.run_dir, resume_step=resume_step, trackers=trackers)
+        self.samples = SampleWriter(self.run_dir, per_step=r.log.samples_per_step, eval_problems=r.log.samples_eval,
+                                    max_mb=r.log.samples_max_mb, seed=r.train.seed, eos_id=self.policy.tokenizer.eos_token_id,
+                                    correct_term=r.eval.reward, reward_names=[rw.name for rw in r.rewards],
+                                    resume_step=resume_step, trackers=trackers)
         final_eval = EvalResult({})
         try:
             self.source.start(self.state.policy_version, self.state.step)  # an async sampler starts now
             if not self.resume and self.evaluator.problems:
                 base = self.evaluator(self.policy)
+                self._sample_eval(0, base)
                 self.state.base_eval, self.state.base_eval_ci = base.metrics, base.intervals
                 self.state.base_eval_per_problem = base.per_problem
                 self.log(f"base accuracy {base.metrics['accuracy']:.3f} on {len(self.evaluator.problems)} held-out problems")
@@ -232,7 +243,9 @@ class Trainer:
                 self.state.step = step + 1
                 self.source.publish(self.policy, self.state.policy_version, self.state.step)
                 if r.eval.every and self.state.step % r.eval.every == 0 and self.state.step < r.train.steps:
-                    metrics.update({f"eval/{k}": v for k, v in self.evaluator(self.policy).metrics.items()})
+                    result = self.evaluator(self.policy)
+                    self._sample_eval(self.state.step, result)
+                    metrics.update({f"eval/{k}": v for k, v in result.metrics.items()})
                 self.state.wall_seconds = wall_before + time.perf_counter() - started
                 writer.write(self.state.step, metrics)
                 progress.update(metrics)
@@ -241,10 +254,12 @@ class Trainer:
                                          r.train.keep_checkpoints, self.learner)
             progress.close()
             final_eval = self.evaluator(self.policy)
+            self._sample_eval(self.state.step, final_eval, final=True)
             if final_eval.metrics:
                 writer.write(self.state.step, {f"eval/{k}": v for k, v in final_eval.metrics.items()})
         finally:
             writer.close()
+            self.samples.close()
             self.close()
         self.policy.save(self.run_dir / "final_model")
         if r.model.lora is not None and r.model.save_merged:
@@ -264,7 +279,9 @@ class Trainer:
         s = _Step(step, Stopwatch(), time.perf_counter())
         for stage in STAGE_NAMES:
             if getattr(self, f"_{stage}")(s) is False:
+                self._sample_train(s)
                 return s.metrics
+        self._sample_train(s)
         r = self.recipe
         train_seconds = sum(s.watch.seconds[k] for k in ("forward", "backward", "optimizer"))
         tokens = float(s.batch.response_mask.sum())
@@ -275,10 +292,20 @@ class Trainer:
         s.metrics["perf/step_s"] = round(time.perf_counter() - s.started, 4)
         return s.metrics
 
+    def _sample_train(self, s: "_Step") -> None:
+        """This step's sample of completions (numbered as its metrics row: step + 1)."""
+        if self.samples is not None:
+            self.samples.train(s.step + 1, s.batch, s.sampled)
+
+    def _sample_eval(self, step: int, result: EvalResult, final: bool = False) -> None:
+        if self.samples is not None and result.completions:
+            self.samples.eval(step, self.evaluator.problems, result.completions, result.per_problem["accuracy"], final)
+
     # -- the stages, in STAGES order -----------------------------------------------------
     def _rollout(self, s: "_Step") -> None:
-        s.batch, sampled, s.stats = self.source.next_batch(s.step, self.state.policy_version, s.watch)
-        s.metrics = {**self._rollout_metrics(sampled, s.stats), **self.source.metrics()}
+        s.batch, s.sampled, s.stats = self.source.next_batch(s.step, self.state.policy_version, s.watch)
+        s.metrics = {**self._rollout_metrics(s.sampled, s.stats), **self.source.metrics()}
+        self.flat_steps.observe(s.step, s.metrics)
 
     def _select(self, s: "_Step") -> None:
         pipeline = {"step": s.step, "total_steps": self.recipe.train.steps}
@@ -408,12 +435,8 @@ class Trainer:
             # train on a subset (GRPODropout) compare fairly with those that do not.
             "rollout/neg_logprob": float(-masked_mean(sampled.sample_logprobs, sampled.response_mask)),
         }
-        for key, values in sampled.meta.items():
-            if key.startswith("reward/"):
-                m[key] = sum(values) / len(values)
-        for name, count in stats.reward_failures.items():
-            if count:
-                m[f"reward_failures/{name}"] = count
+        # reward/<name> and reward_failures/<name>, a file's function named by its function's name
+        m.update(reward_metrics(sampled.meta, stats.reward_failures, [rw.name for rw in self.recipe.rewards]))
         return m
 
     def _summary(self, final_eval: EvalResult, wall: float) -> dict[str, Any]:

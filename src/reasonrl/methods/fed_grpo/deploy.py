@@ -257,8 +257,9 @@ def join(client: int, superlink: str, state_dir: str | Path, port: int | None = 
     (a wrong address, certificate, port) ends ``join`` with its exit code."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    cmd, env = supernode_command(client, superlink, state_dir, port, root_certificates), _env(state_dir / HOME_DIR)
+    cmd = supernode_command(client, superlink, state_dir, port, root_certificates)  # refuses bad input first
+    state_dir.mkdir(parents=True, exist_ok=True)  # so a refused client leaves no folder behind
+    env = _env(state_dir / HOME_DIR)
     quick_exits = 0
     with _TermAsInterrupt():
         while True:
