@@ -79,15 +79,15 @@ def batch_rows(batch: RolloutBatch, rows: list[int], step: int, eos_id: int | No
     if batch.advantages is not None:
         mask = batch.response_mask.float()
         advantages = ((batch.advantages.float() * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+    missing = [None] * len(batch)
+    prompts, completions, answers = (batch.meta.get(k, missing) for k in ("prompt", "completion", "answer"))
     out = []
     for i in rows:
         rewards = {t: _number(v[i]) for t, v in terms.items()}
         correct = rewards.get(correct_term) if correct_term else None
         out.append({
             "step": step, "split": "train",
-            "prompt": _cut(batch.meta.get("prompt", [None] * len(batch))[i]),
-            "completion": _cut(batch.meta.get("completion", [None] * len(batch))[i]),
-            "answer": _text_or_none(batch.meta.get("answer", [None] * len(batch))[i]),
+            "prompt": _cut(prompts[i]), "completion": _cut(completions[i]), "answer": _text_or_none(answers[i]),
             "rewards": rewards, "reward": _number(batch.rewards[i]),
             "advantage": None if advantages is None else round(advantages[i], 6),
             "length": int(lengths[i]), "stop_reason": reasons[i],
