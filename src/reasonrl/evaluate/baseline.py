@@ -122,4 +122,22 @@ def compare_to_baseline(groups: list[tuple[str, list[Run]]], baseline: str,
                 row["note"] = "p undefined: within each group every run has the same final value (no seed spread)"
                 continue
             row["significant"] = bool(p < SIGNIFICANCE_LEVEL and (low > 0 or high < 0))
+    return no_zero_width_intervals(rows)
+
+
+def no_zero_width_intervals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``compare_to_baseline``'s rows with every interval that has no width set to ``None`` and
+    the reason in ``ci_note``. One run a side without per-problem values is a single paired
+    difference: every resample draws it again and the "interval" [d, d] would read as
+    certainty where there is no estimate of the spread at all. The same holds wherever every
+    resample gives one value (runs and problems all alike)."""
+    for row in rows:
+        low, high = row.get("ci_low"), row.get("ci_high")
+        if low is None or high is None or high > low:
+            continue
+        if row.get("n_runs") == 1 and row.get("n_baseline_runs") == 1 and row.get("resampled") == "seeds":
+            row["ci_note"] = "1 run per group and no per-problem values: a single paired difference, nothing to resample"
+        else:
+            row["ci_note"] = "every resample gives the same difference: no spread between runs or problems to measure"
+        row["ci_low"] = row["ci_high"] = None
     return rows

@@ -169,24 +169,6 @@ def _recipe_section(runs: list[Run]) -> str:
     return "\n".join(parts)
 
 
-def no_zero_width_intervals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``compare_to_baseline``'s rows with every interval that has no width set to ``None`` and
-    the reason in ``ci_note``. One run a side without per-problem values is a single paired
-    difference: every resample draws it again and the "interval" [d, d] would read as
-    certainty where there is no estimate of the spread at all. The same holds wherever every
-    resample gives one value (runs and problems all alike)."""
-    for row in rows:
-        low, high = row.get("ci_low"), row.get("ci_high")
-        if low is None or high is None or high > low:
-            continue
-        if row.get("n_runs") == 1 and row.get("n_baseline_runs") == 1 and row.get("resampled") == "seeds":
-            row["ci_note"] = "1 run per group and no per-problem values: a single paired difference, nothing to resample"
-        else:
-            row["ci_note"] = "every resample gives the same difference: no spread between runs or problems to measure"
-        row["ci_low"] = row["ci_high"] = None
-    return rows
-
-
 def _interval(row: dict[str, Any]) -> str:
     """A row's interval; ends within rounding error of 0 read 0 (see ``number_text``'s scale)."""
     scale = max(abs(row[k]) for k in ("ci_low", "ci_high", "mean", "baseline_mean") if row.get(k) is not None)
@@ -251,7 +233,7 @@ def _verdict_box(rows: list[dict[str, Any]]) -> str:
 
 def _comparison_section(rows: list[dict[str, Any]], baseline: tuple[str, list[Run]], num_resamples: int,
                         seed: int) -> str:
-    """The table of ``compare_to_baseline``'s rows (after :func:`no_zero_width_intervals`) and how to read it."""
+    """The table of ``compare_to_baseline``'s rows and how to read it."""
     name, members = baseline
     parts = [f"<h2 id='comparison'>Against the baseline {html.escape(name)}</h2>",
              f"<p>Baseline <b>{html.escape(name)}</b>: {html.escape(', '.join(r.label for r in members))}. "
@@ -374,7 +356,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str | None 
     comparison, verdict, rows = "", "", []
     if baseline is not None:
         name = resolve_group(groups, baseline)
-        rows = no_zero_width_intervals(compare_to_baseline(groups, name, bootstrap, bootstrap_seed, warn=note))
+        rows = compare_to_baseline(groups, name, bootstrap, bootstrap_seed, warn=note)
         comparison = _comparison_section(rows, find_group(groups, name), bootstrap, bootstrap_seed)
         verdict = _verdict_box(rows)
     out = Path(out)
