@@ -23,6 +23,7 @@ import pytest
 
 from reasonrl.isolation.sandbox import SandboxPool, SandboxUnavailable, choose_backend, run_python, sandbox_backend
 from reasonrl.isolation.sandbox.choice import probe
+from reasonrl.isolation.sandbox.result import classify
 
 
 def _userns_allowed() -> bool:
@@ -93,6 +94,19 @@ def test_errors_are_failures_with_their_reason(backend):
     assert (r.status, r.reason, r.returncode) == ("error", "exit code 3", 3)
     r = run("def f(:\n", backend)
     assert r.status == "error" and "SyntaxError" in r.reason
+
+
+def test_the_reason_names_the_exception_even_when_a_childs_half_traceback_comes_last():
+    # a fork bomb's children are killed mid-write after the parent's own traceback ends
+    stderr = ("Traceback (most recent call last):\n  File \"/tmp/main.py\", line 3, in <module>\n"
+              "BlockingIOError: [Errno 11] Resource temporarily unavailable\n"
+              "Traceback (most recent call last):\n  File \"/tmp/main.py\", line 3, in <module>\n")
+    common = dict(report=None, killed_for=None, timeout_s=5.0, cpu_limit_s=5, memory_mb=256, output_bound=100)
+    assert classify(exit_code=1, stderr=stderr, **common) == (
+        "error", "exit code 1: BlockingIOError: [Errno 11] Resource temporarily unavailable", 1)
+    # no exception line at all: the last non-empty line, as before
+    assert classify(exit_code=2, stderr="usage: x\nbad flag\n\n", **common) == ("error", "exit code 2: bad flag", 2)
+    assert classify(exit_code=2, stderr="", **common) == ("error", "exit code 2", 2)
 
 
 def test_stdin_and_files(backend):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 
@@ -56,13 +57,21 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def last_line(text: str, limit: int = 300) -> str:
-    """The last non-empty line of ``text`` (a traceback's exception line), shortened."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line:
-            return line if len(line) <= limit else line[: limit - 3] + "..."
-    return ""
+# A traceback's closing line: a (dotted) exception name, then ":" or the line's end.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(:|$)")
+
+
+def last_line(text: str, limit: int = 200) -> str:
+    """The last exception line of ``text`` (a traceback's closing line), else its last
+    non-empty line, shortened.
+
+    The exception line is preferred because a program that forked may leave its children's
+    half-written tracebacks after its own (they are killed mid-write when it ends), and the
+    reason must name what ended the program, not a child's stray ``File ...`` line.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    line = next((x for x in reversed(lines) if _EXCEPTION_LINE.match(x)), lines[-1] if lines else "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def classify(*, exit_code: int | None, report: dict | None, killed_for: str | None, timeout_s: float,
