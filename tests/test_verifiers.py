@@ -16,9 +16,11 @@ import torch
 
 from reasonrl.config import load_recipe, recipe_from_dict
 from reasonrl.envs.verifiers import VERIFIERS_INSTALL, VerifiersTask, verifiers_python
+from reasonrl.evaluate.evaluator import Evaluator
+from reasonrl.params import ConfigError
 from reasonrl.policy.factory import build_policy
 
-from helpers import require_interpreter
+from helpers import require_interpreter, scripted_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = str(ROOT / "examples" / "verifiers")
@@ -96,10 +98,52 @@ def test_a_multi_turn_env_trains_on_the_sampled_ids_and_the_templates_boundary()
         assert s.sample_logprobs[i][s.completion_mask[i].bool()][torch.tensor(loss) == 0].abs().sum() == 0
 
 
-def test_the_recipe_trains_through_the_cli_and_logs_the_environments_reward(tmp_path):
+class Oracle:
+    """Answers each ``(a+b)*c;`` with ``####value`` when ``a`` is even, else ``####value+1``;
+    records the temperatures it was asked for."""
+
+    def __init__(self, policy):
+        self.policy, self.tokenizer, self.temperatures = policy, policy.tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def sample_ids(self, ids, mask, max_new_tokens, temperature=1.0, *args, **kwargs):
+        self.temperatures.append(temperature)
+        rows = []
+        for r in range(len(ids)):
+            a, b, c = map(int, re.findall(r"\((\d+)\+(\d+)\)\*(\d+);", self.tokenizer.decode(ids[r][mask[r].bool()]))[-1])
+            value = (a + b) * c + (a % 2)
+            rows.append(self.tokenizer(f"####{value}", add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id])
+        return scripted_samples(ids, mask, rows, self.tokenizer)
+
+
+def test_the_evaluator_scores_greedy_rollouts_with_the_environments_rubric():
+    r = recipe(env="vf_arith", config={"taskset": {"count": 128, "seed": 0}})
+    r.eval.size, r.eval.batch_size = 8, 5  # two calls of the worker
+    task = VerifiersTask(env="vf_arith", pythonpath=[ENVS], config={"taskset": {"count": 128, "seed": 0}})
+    oracle = Oracle(build_policy(r.model, log=lambda m: None))
+    evaluator = Evaluator(r, task)
+    result = evaluator(oracle)
+    assert set(oracle.temperatures) == {0.0}  # greedy
+    # the rubric's reward is 1 exactly where the oracle answered right: a even
+    expected = [float(int(re.match(r"\((\d+)", p.prompt).group(1)) % 2 == 0) for p in evaluator.problems]
+    assert len(expected) == 8 and 0 < sum(expected) < 8
+    assert result.per_problem["env_reward"] == expected == result.per_problem["accuracy"]
+    assert result.metrics["accuracy"] == result.metrics["env_reward"] == sum(expected) / 8
+    assert result.metrics["verifiers/errors"] == 0 and result.metrics["verifiers/correct"] == sum(expected) / 8
+    assert [t.startswith("####") for t in result.completions] == [True] * 8
+    with pytest.raises(ConfigError, match="rubric"):  # sampled evaluation reads answers from text
+        evaluator.sampled(oracle)
+
+
+@pytest.mark.parametrize("source", [[], ["rollout.source=async", "rollout.partial=false", "rollout.max_staleness=1"]],
+                         ids=["sync", "async"])
+def test_the_recipe_trains_through_the_cli_and_logs_the_environments_reward(tmp_path, source):
     run = tmp_path / "run"
+    sets = ["train.steps=3", "train.prompts_per_step=4", "log.plots=false", "eval.size=4", *source]
     proc = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", str(RECIPE), "-o", str(run),
-                           "--set", "train.steps=3", "--set", "train.prompts_per_step=4", "--set", "log.plots=false"],
+                           *[x for kv in sets for x in ("--set", kv)]],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -110,15 +154,28 @@ def test_the_recipe_trains_through_the_cli_and_logs_the_environments_reward(tmp_
         assert r["verifiers/errors"] == 0 and r["verifiers/turns"] == 1
         # the rubric's only reward is the row's reward
         assert r["reward/mean"] == pytest.approx(r["reward/env"]) == pytest.approx(r["verifiers/correct"])
+        # the async sampler's rows within its staleness bound (the sync source is on-policy: no key)
+        assert ("offpolicy/staleness_max" in r) == bool(source) and r.get("offpolicy/staleness_max", 0) <= 1
+    # the rubric's greedy evaluation, before and after
+    evals = [r for r in rows if "eval/env_reward" in r]
+    assert [r["step"] for r in evals] == [0, 3] and all(r["eval/verifiers/errors"] == 0 for r in evals)
 
 
 def test_bad_environments_and_recipes_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="no_such_env.*did not load"):
         VerifiersTask(env="no_such_env", pythonpath=[ENVS])
     base = load_recipe(RECIPE)
-    for override, message in [("rollout.source=async", "rollout.source: sync"), ("eval.size=8", "eval.size: 0")]:
+    for overrides, message in [(["rollout.source=async"], "rollout.partial: false"),
+                               (["eval.size=8", "eval.n=4"], "eval.n: 0"),
+                               (["rollout.simulated_staleness=1"], "without simulated staleness")]:
         out = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", str(RECIPE), "-o", str(tmp_path / "r"),
-                              "--set", override], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-        assert out.returncode == 2 and message in out.stderr and not (tmp_path / "r").exists()
+                              *[x for kv in overrides for x in ("--set", kv)]], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        assert out.returncode == 2 and message in out.stderr and not (tmp_path / "r").exists(), (overrides, out.stderr[-2000:])
+    # reasonrl eval samples n completions and reads answers from their text: refused, nothing written
+    out = subprocess.run([sys.executable, "-m", "reasonrl.cli", "eval", "--model", "tiny", "--task", "verifiers",
+                          "--task-param", "env=vf_arith", "--task-param", f"pythonpath=[{ENVS}]",
+                          "-o", str(tmp_path / "e.json")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 2 and "rubric" in out.stderr and not (tmp_path / "e.json").exists()
     assert base.rewards == []

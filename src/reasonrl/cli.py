@@ -179,6 +179,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                  "temperature": args.temperature, "seed": args.seed, "batch_size": args.batch_size},
         "rollout": {"max_new_tokens": args.max_new_tokens}}, "reasonrl eval")
     evaluator = Evaluator(recipe, build_task(recipe))
+    evaluator.check_sampled()
     policy = load_for_eval(args.model)
     cues = [unescape_cue(c) for c in args.prefill]
     # The unprefilled samples are kept (Prefilled with no cue) to count each cue's own emissions.

@@ -173,13 +173,16 @@ def _check_semantics(r: Recipe, where: str) -> None:
          "have none: an env's per-turn rewards, a verifiers environment's)")
     if hasattr(task_cls, "rollout_sampler"):  # the task runs its episodes itself (verifiers)
         ro = r.rollout
-        need(ro.source == "sync" and ro.engine == "local" and not ro.simulated_staleness and not ro.simulated_partial,
-             where, f"task '{r.task.name}' runs its own rollouts through an endpoint over the policy: it needs "
-                    "rollout.source: sync and rollout.engine: local, without simulated staleness or partial rollouts "
-                    "(the other sources are not wired to it yet)")
+        need(ro.engine in ("local", "vllm") and not ro.simulated_staleness and not ro.simulated_partial
+             and not (ro.source == "async" and ro.partial), where,
+             f"task '{r.task.name}' runs its own rollouts through an endpoint over the policy: it needs "
+             "rollout.engine: local or vllm, without simulated staleness, and with rollout.source: async "
+             "rollout.partial: false (an environment's episode cannot change weights mid-turn)")
         need(r.env is None, where, f"task '{r.task.name}' runs its environment's own episodes: drop env")
-        need(not r.eval.size, where, f"task '{r.task.name}' is scored by its environment's rubric, which the evaluator "
-                                     "does not run yet: set eval.size: 0 (the training reward is logged as reward/env)")
+        need(not r.eval.size or (not r.eval.n and r.eval.task is None), where,
+             f"task '{r.task.name}' is evaluated by its environment's rubric on greedy rollouts (accuracy: the "
+             "share of held-out tasks whose reward is 1; eval/env_reward: the mean reward); eval.n and eval.task "
+             "read answers from text, which a rubric does not: set eval.n: 0 and drop eval.task")
     if r.env is not None:
         check_episodes(r, lambda cond, msg: need(cond, where, msg))
     source = registered(registry.ROLLOUT_SOURCES, r.rollout.source, where, "rollout.source")

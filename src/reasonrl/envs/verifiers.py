@@ -21,7 +21,11 @@ is counted in ``verifiers/errors``.
 
 The model sees what verifiers sends (system prompt, chat template), so the policy's tokenizer
 needs a chat template; the embedded model's is a plain one (the messages' texts in order).
-Only the ``sync`` rollout source is supported.
+The rollout runs under the ``sync`` source or the ``async`` one (``rollout.partial: false``: an
+episode keeps its weights), over the learner's policy or a vLLM engine (``rollout.engine:
+vllm``: the endpoint then serves the engine's samples and log-probs). The evaluator runs the
+same rollouts greedily on the held-out tasks and scores them with the rubric (``eval.size``:
+``eval/accuracy`` is the share whose reward is 1, ``eval/env_reward`` the mean).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ _WORKERS: dict[str, tuple[VerifiersProcess, list[dict]]] = {}
 
 
 def _worker(env: str, config: dict, timeout_s: float, pythonpath: list[str]) -> tuple[VerifiersProcess, list[dict]]:
-    key = json.dumps([env, config, pythonpath], sort_keys=True)
+    key = json.dumps([env, config, timeout_s, pythonpath], sort_keys=True)
     if key in _WORKERS and _WORKERS[key][0].alive():
         return _WORKERS[key]
     python = verifiers_python()

@@ -20,7 +20,7 @@ from reasonrl.evaluate.sampling_eval import evaluate_sampling
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.registry import REWARDS, TASKS
 from reasonrl.rollout.collect import stop_strings
-from reasonrl.rollout.episodes import rollout_sampler
+from reasonrl.rollout.episodes import rollout_sampler, sample_problems
 
 
 @dataclass
@@ -68,6 +68,8 @@ class Evaluator:
         self.stop = stop_strings(recipe, self.task)
         self.budget = cfg.max_new_tokens or recipe.rollout.max_new_tokens
         self.ks = sorted(set(cfg.k or [1, cfg.n])) if cfg.n else []
+        # A task that runs (and scores) its own rollouts is judged by its reward, not by eval.reward.
+        self.rubric = hasattr(self.task, "rollout_sampler")
 
     def is_correct(self, text: str, problem) -> bool:
         return self.reward(text, problem) == 1.0
@@ -75,15 +77,25 @@ class Evaluator:
     def sampled(self, policy: HFPolicy, greedy: bool = True,
                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """The full n-sample result, per-problem rows included (what ``reasonrl eval`` saves)."""
+        self.check_sampled()
         return evaluate_sampling(rollout_sampler(policy, self.recipe), self.problems, is_correct=self.is_correct, extract=self.extract,
                                  n=self.cfg.n, ks=self.ks, max_new_tokens=self.budget,
                                  temperature=self.cfg.temperature, seed=self.cfg.seed, stop=self.stop,
                                  batch_size=self.cfg.batch_size, greedy=greedy,
                                  group_metrics=getattr(self.task, "group_metrics", None), progress=progress)
 
+    def check_sampled(self) -> None:
+        """Refuse sampled evaluation where it cannot mean anything (before a model is loaded)."""
+        if self.rubric:
+            raise ConfigError(f"task '{self.task.name}' is scored by its environment's rubric: sampled evaluation "
+                              "(eval.n, reasonrl eval) reads answers from text, which a rubric does not; its "
+                              "greedy evaluation (eval.size) is in the run's metrics")
+
     def __call__(self, policy: HFPolicy) -> EvalResult:
         if not self.problems:
             return EvalResult({})
+        if self.rubric:
+            return self._rubric(policy)
         sampler = rollout_sampler(policy, self.recipe)  # with an env, greedy episodes
         texts = greedy_texts(sampler, self.problems, self.budget, self.cfg.batch_size, self.stop)
         correct = [self.reward(t, p) == 1.0 for t, p in zip(texts, self.problems)]
@@ -99,4 +111,26 @@ class Evaluator:
                     result.intervals[name] = (value["ci_low"], value["ci_high"])
                 else:
                     result.metrics[name] = value
+        return result
+
+    def _rubric(self, policy) -> EvalResult:
+        """A task that scores its own rollouts (a verifiers environment's rubric): one greedy
+        rollout per held-out task through the task's own rollout; ``accuracy`` is the share whose
+        reward is 1 (the evaluator's rule everywhere), ``env_reward`` the mean reward."""
+        sampler = self.task.rollout_sampler(policy, self.recipe)
+        try:
+            samples = [sample_problems(sampler, self.problems[i:i + self.cfg.batch_size], 1, self.budget, 0.0,
+                                       stop=self.stop) for i in range(0, len(self.problems), self.cfg.batch_size)]
+            metrics = sampler.metrics()
+        finally:
+            sampler.close()
+        rewards = [float(r) for s in samples for r in s.env_rewards]
+        texts = [t for s in samples for t in s.texts]
+        correct = [r == 1.0 for r in rewards]
+        result = EvalResult(accuracy_by_form(correct, self.problems), per_problem={"accuracy": [float(c) for c in correct],
+                                                                                   "env_reward": rewards},
+                            completions=texts)
+        result.intervals = {"accuracy": bootstrap_ci(result.per_problem["accuracy"]), "env_reward": bootstrap_ci(rewards)}
+        result.metrics["env_reward"] = sum(rewards) / len(rewards)
+        result.metrics.update(metrics)  # e.g. verifiers/errors, verifiers/turns of the greedy rollouts
         return result

@@ -167,7 +167,8 @@ class PolicyServer:
     of this process. ``with PolicyServer(...) as server: ... server.base_url``.
 
     ``model``: the one model name it serves. ``max_context``: prompt + max_tokens bound (None: the
-    sampler model's ``max_position_embeddings``). ``generator``: the random stream of its draws."""
+    sampler's ``max_context``, else its model's ``max_position_embeddings``). ``generator``: the
+    random stream of its draws."""
 
     def __init__(self, sampler, model: str = "reasonrl-policy", host: str = "127.0.0.1", port: int = 0,
                  max_batch: int = 64, batch_window_s: float = 0.05, request_timeout_s: float = 600.0,
@@ -482,6 +483,10 @@ def stream_events(payload: dict, include_usage: bool) -> list[dict]:
 
 
 def _model_context(sampler) -> int:
+    """The sampler's context length: its own ``max_context`` (an engine's ``max_model_len``), else
+    its model's ``max_position_embeddings``, else unbounded."""
+    if getattr(sampler, "max_context", None):
+        return int(sampler.max_context)
     model = getattr(sampler, "model", None)
     return int(getattr(getattr(model, "config", None), "max_position_embeddings", None) or 2**31)
 

@@ -170,7 +170,7 @@ class SamplerWorker:
         simulated = bool(r.rollout.simulated_staleness)
         refresh = (lambda: self._drain(inbox)) if r.rollout.partial and not simulated and not self.verify else None
         sampler = InFlightRollout(self.policy, r, lambda: self._poll(inbox), self._load) if self.verify \
-            else rollout_sampler(self.policy, r)
+            else rollout_sampler(self.policy, r, self.task)
         first = self.step  # the first batch after a (re)start starts with the weights in ``start`` (class docstring)
         try:
             while self.step < r.train.steps:
@@ -198,5 +198,7 @@ class SamplerWorker:
             pass
         finally:
             self.scorer.close()
+            if sampler is not self.policy and hasattr(sampler, "close"):  # a verifiers task's endpoint
+                sampler.close()
             if isinstance(self.policy, VLLMSampler):
                 self.policy.close()

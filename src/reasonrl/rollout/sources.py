@@ -223,6 +223,8 @@ class SyncSource(RolloutSource):
             self.behaviour.set_weights(self.ctx.policy.weights())
 
     def close(self) -> None:
+        if hasattr(self.episodes, "close"):  # a verifiers task's rollout: its endpoint's threads and port
+            self.episodes.close()
         if self.engine:
             self.behaviour.close()
 

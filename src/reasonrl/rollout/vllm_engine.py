@@ -164,6 +164,10 @@ class VLLMSampler:
         self.last_sync_s = 0.0
         self.last_call_overhead_s = 0.0
         self.dir = _scratch_dir()
+        # What the engine can hold (its max_model_len defaults to the model's positions): the
+        # endpoint over this sampler refuses longer requests up front, not with an engine error.
+        self.max_context = int(recipe.rollout.vllm_args.get("max_model_len")
+                               or getattr(policy.model.config, "max_position_embeddings", 0) or 2**31)
         m = recipe.model
         folder = resolve_model_path(m.path, m.gguf_file, m.dtype, m.cache_dir, log)
         rank = None if self.lora is None else next((r for r in LORA_RANKS if r >= self.lora.r), self.lora.r)

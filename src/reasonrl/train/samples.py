@@ -146,11 +146,14 @@ class SampleWriter:
         self._write(step, "train", batch_rows(batch, rows, step, self.eos_id, self.correct_term, self.term_names))
 
     def eval(self, step: int, problems: list, completions: list[str], outcomes: list[float],
-             final: bool = False) -> None:
-        """The greedy completions of the first ``eval_problems`` held-out problems."""
+             final: bool = False, env_rewards: list[float] | None = None) -> None:
+        """The greedy completions of the first ``eval_problems`` held-out problems; ``env_rewards``:
+        the rewards an environment's rubric gave them (a verifiers task), else the outcome is the reward."""
         n = min(self.eval_problems, len(completions))
         rows = [{"step": step, "split": "eval", "prompt": _cut(problems[i].prompt), "completion": _cut(completions[i]),
-                 "answer": _text_or_none(problems[i].answer), "rewards": {}, "reward": _number(outcomes[i]),
+                 "answer": _text_or_none(problems[i].answer),
+                 "rewards": {"env": _number(env_rewards[i])} if env_rewards else {},
+                 "reward": _number(env_rewards[i] if env_rewards else outcomes[i]),
                  "advantage": None, "length": None, "stop_reason": None, "correct": bool(outcomes[i] == 1.0),
                  "group": i, **({"final": True} if final else {})} for i in range(n)]
         self._write(step, "eval", rows)

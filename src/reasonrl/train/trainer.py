@@ -299,7 +299,8 @@ class Trainer:
 
     def _sample_eval(self, step: int, result: EvalResult, final: bool = False) -> None:
         if self.samples is not None and result.completions:
-            self.samples.eval(step, self.evaluator.problems, result.completions, result.per_problem["accuracy"], final)
+            self.samples.eval(step, self.evaluator.problems, result.completions, result.per_problem["accuracy"], final,
+                              result.per_problem.get("env_reward"))
 
     # -- the stages, in STAGES order -----------------------------------------------------
     def _rollout(self, s: "_Step") -> None:
