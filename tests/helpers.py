@@ -4,6 +4,7 @@ Test modules import what they share from here, never from one another."""
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from reasonrl.registry import REWARDS
 from reasonrl.methods.fsg.task import KINDS, build_problem
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
 from reasonrl.policy.hf import HFPolicy
+from reasonrl.policy.sampling import Samples, right_pad
 from reasonrl.policy.tiny import TinySpec, new_tiny_model
 
 # A model small enough that building it (with a token warm-up) takes a second.
@@ -111,7 +113,6 @@ def straight_and_resumed(recipe, tmp_path, monkeypatch):
     equal metrics (``perf/*`` aside) and bit-identical final weights; return a's metric rows."""
     import random
 
-    import torch
     from safetensors.torch import load_file
 
     from reasonrl.metrics_log import read_metrics
@@ -138,7 +139,6 @@ def episode_batch(policy, prompts, parts, tags, rewards=None, meta=None):
     the loss mask, channel 0); any other kind is an observation whose tokens get channel
     ``tags[kind]`` in ``aux["env_channel"]`` and are left out of the loss mask. ``"</s>"`` is
     EOS. One group; ``rewards`` default to 0."""
-    import torch
 
     from reasonrl.batch import RolloutBatch
 
@@ -172,10 +172,6 @@ def scripted_samples(ids, mask, rows, tokenizer):
     """The ``Samples`` a stand-in for ``sample_completions`` returns: the prompts ``ids`` /
     ``mask`` as given and one completion per row of token ids (``rows``), right-padded, each
     token at log-prob −0.5."""
-    import torch
-
-    from reasonrl.policy.sampling import Samples
-
     width = max(len(t) for t in rows)
     out = torch.full((len(rows), width), tokenizer.pad_token_id)
     cmask = torch.zeros_like(out)
@@ -230,7 +226,6 @@ def weights(run_dir):
 
 def same_weights(a, b):
     """Whether the runs in ``a`` and ``b`` wrote bit-identical final weights."""
-    import torch
 
     wa, wb = weights(a), weights(b)
     return set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -290,7 +285,6 @@ def assert_each_step_trained_its_own_prompts(recipe, prompts):
 def make(n, p, t, offset=0):
     """A RolloutBatch of ``n`` rows (prompts of ``p`` tokens, completions of ``t``) in groups of
     two from group ``offset`` on, policy version ``offset``."""
-    import torch
 
     from reasonrl.batch import RolloutBatch
 
@@ -340,7 +334,6 @@ class TablePolicy:
 def table_batch(n: int = 6, t: int = 5, seed: int = 0, truncated=None):
     """n rows with right padding (row 0 full, every row at least one token) and random,
     nonzero per-token advantages."""
-    import torch
 
     from reasonrl.batch import RolloutBatch
 
@@ -377,7 +370,6 @@ def loss_and_grad(policy, batch, config, tot):
 
 def joined(s):
     """The prompt and completion ids (and masks) of samples ``s``, side by side."""
-    import torch
 
     return torch.cat([s.prompt_ids, s.completion_ids], 1), torch.cat([s.prompt_mask, s.completion_mask], 1)
 
@@ -385,7 +377,6 @@ def joined(s):
 def assert_every_masked_token_was_sampled(pol, samples, stop, atol=2e-5):
     """The completion mask covers exactly the tokens the sampler drew, for each way a row can end:
     at EOS, at a stop string, at the token budget. Returns how many rows ended each way."""
-    import torch
 
     eos = pol.tokenizer.eos_token_id
     budget = samples.completion_ids.shape[1]
@@ -419,10 +410,6 @@ def assert_every_masked_token_was_sampled(pol, samples, stop, atol=2e-5):
 def scripted(turns: list[str], tok, seen: list):
     """A stand-in for ``sample_completions`` that writes ``turns`` in order, one per call (every
     row the same), recording the contexts it was given."""
-    import torch
-
-    from reasonrl.policy.sampling import Samples
-
     calls = iter(turns)
 
     def sample(model, tokenizer, ids, mask, g, max_new_tokens, *args, **kwargs):
@@ -462,7 +449,6 @@ def assert_trained_ids_were_sampled(policy, s, drawn, atol=1e-4) -> dict[str, in
     """Every run of model tokens in the episodes ``s`` is what the sampler drew after exactly the
     ids before it; teacher-forced log-probs of the batch equal the sampling log-probs there; EOS
     only ends a row. Returns how many rows re-tokenising would have changed, and the turns seen."""
-    import torch
 
     tok = policy.tokenizer
     merged = turns = 0
@@ -544,7 +530,6 @@ BAD_TAG = RIGHT.replace("</main>", "</mian>")
 
 def fsg_batch(tok, problem, completions, groups):
     """A RolloutBatch of ``completions`` (each + EOS) to ``problem`` in ``groups``, rewards 9."""
-    import torch
 
     from reasonrl.batch import RolloutBatch
 
@@ -571,7 +556,6 @@ class FSGPolicy:
 def fsg_scripted_samples(monkeypatch):
     """Sampling returns the reference solution for even rows and the careless one for odd rows,
     so two steps on a mini model exercise the sandbox, the span map and the span advantage."""
-    import torch
 
     from reasonrl.rollout import collect
 
@@ -627,3 +611,54 @@ def assert_shared_pass_equals_row_pass(pol: HFPolicy, s, groups, **kw):
     for a, b in zip(g_a, g_b):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
     return lp_b, ent_b
+
+
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's real tokenizer and chat template (ChatML, pad == EOS); skip where
+    it is not installed."""
+    from transformers import AutoTokenizer
+
+    from reasonrl.policy.loading import resolve_model_path
+
+    try:
+        folder = resolve_model_path("smollm2-135m", None, "float32", None)
+    except Exception as exc:  # noqa: BLE001 — no GGUF here
+        pytest.skip(f"SmolLM2 is not installed: {exc}")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def char_ids(tok, text: str) -> list[int]:
+    """``text`` as one token per character: ids the tokenizer would never produce for it."""
+    return [tok.convert_tokens_to_ids(tok.tokenize(c)[0]) for c in text]
+
+
+class Scripted:
+    """A sampler (what ``PolicyServer`` serves) whose reply to a context is
+    ``reply(context_text)``, sampled as one id per character, then EOS (``eos=False``: cut at
+    ``max_new_tokens`` instead). Records every call's contexts and temperature."""
+
+    def __init__(self, tok, reply, eos=True, delay=0.0, fail=False):
+        self.tokenizer, self.reply, self.eos, self.delay, self.fail = tok, reply, eos, delay, fail
+        self.calls: list[list[list[int]]] = []
+        self.temperatures: list[float] = []
+
+    def encode_prompts(self, prompts):
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        return enc["input_ids"], enc["attention_mask"]
+
+    def sample_ids(self, ids, mask, max_new_tokens, temperature=1.0, generator=None, stop=None, refresh=None):
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("the model fell over")
+        contexts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        self.calls.append(contexts)
+        self.temperatures.append(temperature)
+        rows = []
+        for c in contexts:
+            r = char_ids(self.tokenizer, self.reply(self.tokenizer.decode(c)))
+            rows.append(torch.tensor((r + [self.tokenizer.eos_token_id] if self.eos else r)[:max_new_tokens]))
+        out, cmask = right_pad(rows, self.tokenizer.pad_token_id)
+        logps = -0.01 * torch.arange(1, out.shape[1] + 1, dtype=torch.float).expand_as(out) * cmask
+        return Samples(prompt_ids=ids, prompt_mask=mask, completion_ids=out, completion_mask=cmask,
+                       sample_logprobs=logps, truncated=torch.tensor([len(r) >= max_new_tokens for r in rows]),
+                       texts=[self.tokenizer.decode(r, skip_special_tokens=True) for r in rows])

@@ -13,59 +13,17 @@ import urllib.error
 import urllib.request
 
 import pytest
-import torch
 
-from reasonrl.policy.sampling import Samples, right_pad
 from reasonrl.policy.openai_server import PolicyServer
+
+from helpers import Scripted, char_ids, smollm2_tokenizer
 
 MODEL = "reasonrl-policy"
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from transformers import AutoTokenizer
-
-    from reasonrl.policy.loading import resolve_model_path
-
-    try:
-        folder = resolve_model_path("smollm2-135m", None, "float32", None)
-    except Exception as exc:  # noqa: BLE001 — no GGUF here
-        pytest.skip(f"SmolLM2 is not installed: {exc}")
-    return AutoTokenizer.from_pretrained(folder)
-
-
-def char_ids(tok, text: str) -> list[int]:
-    """``text`` as one token per character: ids the tokenizer would never produce for it."""
-    return [tok.convert_tokens_to_ids(tok.tokenize(c)[0]) for c in text]
-
-
-class Scripted:
-    """A sampler whose reply to a context is ``reply(context_text)``, sampled as one id per
-    character, then EOS (``eos=False``: cut at ``max_new_tokens`` instead). Records every call."""
-
-    def __init__(self, tok, reply, eos=True, delay=0.0, fail=False):
-        self.tokenizer, self.reply, self.eos, self.delay, self.fail = tok, reply, eos, delay, fail
-        self.calls: list[list[list[int]]] = []
-
-    def encode_prompts(self, prompts):
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True)
-        return enc["input_ids"], enc["attention_mask"]
-
-    def sample_ids(self, ids, mask, max_new_tokens, temperature=1.0, generator=None, stop=None, refresh=None):
-        time.sleep(self.delay)
-        if self.fail:
-            raise RuntimeError("the model fell over")
-        contexts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        self.calls.append(contexts)
-        rows = []
-        for c in contexts:
-            r = char_ids(self.tokenizer, self.reply(self.tokenizer.decode(c)))
-            rows.append(torch.tensor((r + [self.tokenizer.eos_token_id] if self.eos else r)[:max_new_tokens]))
-        out, cmask = right_pad(rows, self.tokenizer.pad_token_id)
-        logps = -0.01 * torch.arange(1, out.shape[1] + 1, dtype=torch.float).expand_as(out) * cmask
-        return Samples(prompt_ids=ids, prompt_mask=mask, completion_ids=out, completion_mask=cmask,
-                       sample_logprobs=logps, truncated=torch.tensor([len(r) >= max_new_tokens for r in rows]),
-                       texts=[self.tokenizer.decode(r, skip_special_tokens=True) for r in rows])
+    return smollm2_tokenizer()
 
 
 def post(server, path, body, timeout=30, headers=None):

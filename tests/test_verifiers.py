@@ -20,7 +20,7 @@ from reasonrl.evaluate.evaluator import Evaluator
 from reasonrl.params import ConfigError
 from reasonrl.policy.factory import build_policy
 
-from helpers import require_interpreter, scripted_samples
+from helpers import Scripted, char_ids, require_interpreter, scripted_samples, smollm2_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = str(ROOT / "examples" / "verifiers")
@@ -96,6 +96,53 @@ def test_a_multi_turn_env_trains_on_the_sampled_ids_and_the_templates_boundary()
         text = tok.decode(between)
         assert re.fullmatch(r"=\d+\+\d+;", text) and between == tok(text, add_special_tokens=False)["input_ids"]
         assert s.sample_logprobs[i][s.completion_mask[i].bool()][torch.tensor(loss) == 0].abs().sum() == 0
+
+
+def test_a_tool_environment_runs_its_mcp_tool_between_the_sampled_turns():
+    """examples/verifiers/vf_calc_tools: a ``Toolset`` served over MCP by verifiers; the harness
+    offers its tool, runs the call on the tool server and asks again. The scripted model calls
+    the tool with the problem's expression, then answers with what the tool returned: the
+    reward is 1 only if the tool ran and its result reached the model."""
+    tok = smollm2_tokenizer()
+
+    def reply(context: str) -> str:
+        if "<|im_start|>tool" not in context:
+            expression = re.findall(r"What is (\(\d+\+\d+\)\*\d+)\?", context)[-1]
+            return f'<tool_call>{{"name": "calc", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+        return "####" + re.findall(r"<\|im_start\|>tool\n(-?\d+)<\|im_end\|>", context)[-1]
+
+    scripted = Scripted(tok, reply)
+    task = VerifiersTask(env="vf_calc_tools", pythonpath=[ENVS])
+    rollout = task.rollout_sampler(scripted, recipe(env="vf_calc_tools"))
+    problems = task.train_problems(0, 2, 0)
+    try:
+        s = rollout.sample([p.prompt for p in problems], 2, 128, 1.0, torch.Generator().manual_seed(0), problems=problems)
+    finally:
+        rollout.close()
+    metrics = rollout.metrics()
+    assert metrics["verifiers/errors"] == 0 and metrics["verifiers/turns"] == 2
+    assert s.env_rewards.tolist() == [1.0] * 4
+    for i in range(4):
+        ids = s.completion_ids[i][s.completion_mask[i].bool()].tolist()
+        loss = s.loss_mask[i][s.completion_mask[i].bool()].tolist()
+        first = loss.index(0)
+        second = first + loss[first:].index(1)
+        turn1, between, turn2 = ids[:first], ids[first:second], ids[second:]
+        # the sampled ids (one per character: never what the tokenizer makes of the text), trained
+        expression = re.findall(r"\((\d+)\+(\d+)\)\*(\d+)", problems[i // 2].prompt)[-1]
+        a, b, c = map(int, expression)
+        assert turn1 == char_ids(tok, reply(f"What is ({a}+{b})*{c}?")) + [tok.eos_token_id]
+        assert turn2 == char_ids(tok, f"####{(a + b) * c}") + [tok.eos_token_id]
+        # between them, never trained: the template's turn boundary and the tool's answer
+        assert tok.decode(between) == f"\n<|im_start|>tool\n{(a + b) * c}<|im_end|>\n<|im_start|>assistant\n"
+    # the role's harness settings reach our harness: no tool round answered, one turn, reward 0
+    task = VerifiersTask(env="vf_calc_tools", pythonpath=[ENVS], config={"agent": {"harness": {"max_tool_rounds": 0}}})
+    rollout = task.rollout_sampler(scripted, recipe(env="vf_calc_tools"))
+    try:
+        s = rollout.sample([problems[0].prompt], 1, 128, 1.0, problems=problems[:1])
+    finally:
+        rollout.close()
+    assert rollout.metrics()["verifiers/turns"] == 1 and s.env_rewards.tolist() == [0.0]
 
 
 class Oracle:

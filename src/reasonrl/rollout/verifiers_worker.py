@@ -53,10 +53,15 @@ class Worker:
             agent["max_turns"] = max_turns
         # Every role of the env (a field holding an AgentConfig: ``agent``, or ``player``...)
         # runs our harness; the env config's own settings for it are kept.
+        # A role's harness settings are ours (max_tool_rounds): name our harness before validating.
+        for key, value in list(raw.items()):
+            if isinstance(value, dict) and isinstance(value.get("harness"), dict):
+                raw[key] = {**value, "harness": {**value["harness"], **agent["harness"]}}
         probe = vf.resolve_env_config(raw)
         roles = [name for name in type(probe).model_fields if isinstance(getattr(probe, name), vf.AgentConfig)]
-        for role in roles:
-            raw[role] = {**(raw.get(role) or {}), **agent}
+        for role in roles:  # the role's own harness settings (max_tool_rounds) are kept; its id is ours
+            own = raw.get(role) or {}
+            raw[role] = {**own, **agent, "harness": {**(own.get("harness") or {}), **agent["harness"]}}
         self.env = vf.load_environment(vf.resolve_env_config(raw))
         self.tasks = list(self.env.taskset)
         self.serving = self.env.serving()
