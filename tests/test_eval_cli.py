@@ -44,3 +44,18 @@ def test_eval_writes_recomputable_metrics_and_is_deterministic(tmp_path, capsys)
 def test_eval_rejects_unknown_task_parameter(tmp_path, capsys):
     code = main(["eval", "--model", "tiny", "--task", "arithmetic", "--task-param", "max_operandd=5"])
     assert code == 2 and "Did you mean 'max_operand'" in capsys.readouterr().err
+
+
+def test_stop_strings_given_on_the_command_line_end_every_completion(tmp_path):
+    model = tmp_path / "model"
+    load_tiny_policy(TinySpec(**MINI_TINY)).save(model)
+    args = ["eval", "--model", str(model), "--task", "arithmetic", "--n", "4", "--k", "2", "--size", "6",
+            "--max-new-tokens", "12", "--seed", "3"]
+    assert main(args + ["-o", str(tmp_path / "plain.json")]) == 0
+    assert main(args + ["--stop", "#", "-o", str(tmp_path / "stop.json")]) == 0
+    plain = json.loads((tmp_path / "plain.json").read_text())["arithmetic"]["per_problem"]
+    cut = json.loads((tmp_path / "stop.json").read_text())["arithmetic"]["per_problem"]
+    texts = lambda rows: [t for r in rows for t in [*r["completions"], r["greedy_completion"]]]  # noqa: E731
+    assert any("#" in t for t in texts(plain))  # the mini model writes the answer marker ...
+    assert not any("#" in t for t in texts(cut))  # ... which --stop now cuts, with what follows
+    assert texts(cut) == [t.split("#")[0] for t in texts(plain)]  # the same samples (same seed), cut at '#'

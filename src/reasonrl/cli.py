@@ -177,7 +177,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         "task": {"name": args.task, **params},
         "eval": {"size": args.size, "reward": args.reward, "n": args.n, "k": [k for k in (1, args.k) if k <= args.n],
                  "temperature": args.temperature, "seed": args.seed, "batch_size": args.batch_size},
-        "rollout": {"max_new_tokens": args.max_new_tokens}}, "reasonrl eval")
+        "rollout": {"max_new_tokens": args.max_new_tokens,
+                    **({"stop": [unescape_cue(x) for x in args.stop]} if args.stop else {})}}, "reasonrl eval")
     evaluator = Evaluator(recipe, build_task(recipe))
     evaluator.check_sampled()
     policy = load_for_eval(args.model)
@@ -403,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the problems drawn and of sampling (default 0)")
     ev.add_argument("--baseline-model", metavar="MODEL", help="also evaluate this model (e.g. the base) on the same "
                     "problems: Regret Gap and the reward-hacking flag (docs/diagnostics.md)")
+    ev.add_argument("--stop", action="append", default=[], metavar="STR",
+                    help="end each completion at STR (\\n for a newline; repeatable), as a recipe's rollout.stop; "
+                         "default: the task's own stop strings")
     ev.add_argument("--prefill", action="append", default=[], metavar="CUE",
                     help="also evaluate with the completion prefilled with CUE (\\n for a newline; repeatable): "
                          "delta pass@1 with a paired CI, log p(CUE), how often the model writes CUE itself")
