@@ -31,6 +31,12 @@ LN = math.log
     ("1+1=2;####", (0, 10), None),                        # a marker with nothing after it: no answer
     ("1+1=2;", (0, 6), None),
     ("\\boxed{12", (0, 9), None),                         # unclosed box, no marker: no answer
+    # answer tags (reasoning-gym): the stripped content of the last pair; the tags are neither
+    ("7 + 4 = 11, 11 - 2 = 9. <answer>9</answer>", (0, 24), (32, 33)),
+    ("<answer>1</answer> no, <answer> -28 </answer>", (0, 23), (32, 35)),
+    ("<think>9-4=5</think><answer>5</answer>", (7, 12), (28, 29)),
+    ("x <answer> </answer> ####3", (0, 21), (25, 26)),     # empty tags: the marker's number
+    ("x <answer>3", (0, 11), None),                        # unclosed tag: no answer
 ])
 def test_split_spans(text, reasoning, answer):
     assert split_spans(text) == Spans(reasoning, answer)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import reasonrl.tasks  # noqa: F401  (registers every task)
+from reasonrl.evaluate.evaluator import answer_extractor
 from reasonrl.registry import REWARDS, TASKS
 from reasonrl.tasks.dataset import DatasetTask
 from reasonrl.tasks.files import read_rows, stream_indices
@@ -284,6 +285,10 @@ def test_reasoning_gym_task_and_reward():
     assert reasoning_gym_score(f"steps\n#### {p.answer}", p) == 1.0
     assert reasoning_gym_score("<answer>123456</answer>", p) == 0.0
     assert reasoning_gym_score("no answer at all", p) == 0.0
+    # the evaluator's majority vote and format failures read the answer as the reward does
+    extract = answer_extractor("reasoning_gym", task)
+    assert extract("1 + 2 = 3. <answer>-3</answer>", p) == "-3" and extract("steps\n#### 7", p) == "7"
+    assert extract("no answer at all", p) is None
 
 
 def test_reasoning_gym_recipe_errors():

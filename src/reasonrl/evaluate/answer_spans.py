@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.algos.masked import mask_count, masked_sum
+from reasonrl.rewards.reasoning_gym import TAG_RE  # the answer tags, as the reasoning_gym reward reads them
 from reasonrl.rewards.token_level import token_char_spans  # tokens → characters, as token rewards map them
 
 __all__ = ["Spans", "split_spans", "token_span_masks", "span_confidence", "span_confidences", "answer_confidences"]
@@ -29,6 +30,7 @@ _BOXED = re.compile(r"\\boxed\s*\{")
 _MARK = "####"
 _AFTER_MARK = re.compile(r"\s*(-?[\d,]*\.?\d+)")  # the number after ``####`` (rewards.basic.ANSWER_RE's)
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_ANSWER_OPEN = "<answer>"
 
 
 @dataclass(frozen=True)
@@ -70,15 +72,31 @@ def _marked_answer(text: str, mark_at: int) -> Optional[tuple[int, int]]:
     return (start, start + len(stripped))
 
 
+def _tagged_answer(text: str) -> Optional[tuple[int, int]]:
+    """The stripped content of the last complete ``<answer>...</answer>`` (None: empty)."""
+    found = list(TAG_RE.finditer(text))
+    if not found:
+        return None
+    start, end = found[-1].span(1)
+    content = text[start:end]
+    if not content.strip():
+        return None
+    start += len(content) - len(content.lstrip())
+    return (start, start + len(content.strip()))
+
+
 def split_spans(text: str, task: Any = None) -> Spans:
     """Reasoning and answer spans of ``text``, first rule that applies:
 
     1. the task's own ``answer_spans(text) -> Spans`` (a task with another answer format);
-    2. the content of the last ``\\boxed{...}``: the answer; reasoning = the text before ``\\boxed``;
-    3. the number after the last ``####`` (the embedded arithmetic task, GSM8K): the answer;
+    2. the stripped content of the last complete ``<answer>...</answer>`` (reasoning-gym's and
+       R1-style prompts' convention): the answer; reasoning = the text before ``<answer>`` (the
+       tags are neither, as the marker below);
+    3. the content of the last ``\\boxed{...}``: the answer; reasoning = the text before ``\\boxed``;
+    4. the number after the last ``####`` (the embedded arithmetic task, GSM8K): the answer;
        reasoning = the text before ``####`` (the marker itself is neither: it is near-certain
        and would inflate whichever span held it);
-    4. no answer: ``Spans((0, len(text)), None)``.
+    5. no answer: ``Spans((0, len(text)), None)``.
 
     With a ``</think>`` before the answer, the reasoning is the think block's content only
     (the spec's Z). Answers are the last ones, as ``rewards.basic.extract_answer`` reads them.
@@ -86,10 +104,14 @@ def split_spans(text: str, task: Any = None) -> Spans:
     own = getattr(task, "answer_spans", None)
     if callable(own):
         return own(text)
-    answer, reasoning_end = _boxed_content(text), None
+    answer, reasoning_end = _tagged_answer(text), None
     if answer is not None:
-        reasoning_end = text.rfind("\\boxed", 0, answer[0])
+        reasoning_end = text.rfind(_ANSWER_OPEN, 0, answer[0])
     else:
+        answer = _boxed_content(text)
+        if answer is not None:
+            reasoning_end = text.rfind("\\boxed", 0, answer[0])
+    if answer is None:
         mark = text.rfind(_MARK)
         if mark >= 0:
             answer, reasoning_end = _marked_answer(text, mark), mark

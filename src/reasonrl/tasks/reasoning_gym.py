@@ -95,6 +95,11 @@ class ReasoningGymTask(ProblemStream):
         self._train = _TrainItems(generator, self.size, {e["question"] for _, e in self._eval})
         self._eval_source = f"reasoning-gym '{self.dataset}' (task.eval_size)"
 
+    def extract_answer(self, text: str, problem: Problem) -> str | None:
+        """The answer the ``reasoning_gym`` reward scores (its tags, else ``####``): what the
+        evaluator's majority vote and format failures read."""
+        return rg_reward.extract_answer(text)
+
     def _problem(self, record: Record, split: str) -> Problem:
         index, entry = record
         answer = entry.get("answer")
