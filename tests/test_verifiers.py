@@ -219,6 +219,14 @@ def test_bad_environments_and_recipes_are_clear_errors(tmp_path):
                               *[x for kv in overrides for x in ("--set", kv)]], cwd=ROOT, capture_output=True,
                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         assert out.returncode == 2 and message in out.stderr and not (tmp_path / "r").exists(), (overrides, out.stderr[-2000:])
+    # the evaluated task decides: a verifiers eval.task beside a text task is judged by its rubric too
+    text_task = {"model": {"backend": "tiny"}, "task": {"name": "arithmetic"}, "rewards": [{"name": "exact_answer"}],
+                 "eval": {"size": 4, "n": 2, "task": {"name": "verifiers", "env": "vf_arith", "pythonpath": [ENVS]}}}
+    with pytest.raises(ConfigError, match="task 'verifiers' is evaluated by its environment's rubric.*eval.n: 0"):
+        recipe_from_dict(text_task)
+    with pytest.raises(ConfigError, match="drop eval.task"):
+        recipe_from_dict({**text_task, "task": {"name": "verifiers", "env": "vf_arith"}, "rewards": [],
+                          "eval": {"size": 4, "task": {"name": "arithmetic"}}})
     # reasonrl eval samples n completions and reads answers from their text: refused, nothing written
     out = subprocess.run([sys.executable, "-m", "reasonrl.cli", "eval", "--model", "tiny", "--task", "verifiers",
                           "--task-param", "env=vf_arith", "--task-param", f"pythonpath=[{ENVS}]",

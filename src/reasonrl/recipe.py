@@ -179,10 +179,16 @@ def _check_semantics(r: Recipe, where: str) -> None:
              "rollout.engine: local or vllm, without simulated staleness, and with rollout.source: async "
              "rollout.partial: false (an environment's episode cannot change weights mid-turn)")
         need(r.env is None, where, f"task '{r.task.name}' runs its environment's own episodes: drop env")
-        need(not r.eval.size or (not r.eval.n and r.eval.task is None), where,
-             f"task '{r.task.name}' is evaluated by its environment's rubric on greedy rollouts (accuracy: the "
-             "share of held-out tasks whose reward is 1; eval/env_reward: the mean reward); eval.n and eval.task "
-             "read answers from text, which a rubric does not: set eval.n: 0 and drop eval.task")
+        need(not r.eval.size or r.eval.task is None, where,
+             f"task '{r.task.name}' is evaluated by its environment's rubric on greedy rollouts: drop eval.task")
+    # The evaluated task (eval.task, else the training task) decides how answers are judged.
+    eval_name = r.eval.task.name if r.eval.task is not None else r.task.name
+    eval_cls = registered(registry.TASKS, eval_name, where, "eval.task.name") if r.eval.task is not None else task_cls
+    if hasattr(eval_cls, "rollout_sampler"):
+        need(not r.eval.size or not r.eval.n, where,
+             f"task '{eval_name}' is evaluated by its environment's rubric on greedy rollouts (accuracy: the "
+             "share of held-out tasks whose reward is 1; eval/env_reward: the mean reward); eval.n reads answers "
+             "from text, which a rubric does not: set eval.n: 0")
     if r.env is not None:
         check_episodes(r, lambda cond, msg: need(cond, where, msg))
     source = registered(registry.ROLLOUT_SOURCES, r.rollout.source, where, "rollout.source")

@@ -6,19 +6,23 @@ from collections import defaultdict
 from typing import Callable
 
 from reasonrl.policy.hf import HFPolicy
+from reasonrl.policy.sampling import Samples
 from reasonrl.rewards.basic import exact_answer
 from reasonrl.rollout.episodes import sample_problems
 from reasonrl.problem import Problem
 
 
+def greedy_samples(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
+                   batch_size: int = 256, stop: list[str] | None = None) -> list[Samples]:
+    """The greedy ``Samples`` of every problem, one per ``batch_size`` prompts, in order."""
+    return [sample_problems(policy, problems[i:i + batch_size], 1, max_new_tokens, 0.0, stop=stop)
+            for i in range(0, len(problems), batch_size)]
+
+
 def greedy_texts(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,
                  batch_size: int = 256, stop: list[str] | None = None) -> list[str]:
     """The greedy completion of every problem, sampled ``batch_size`` prompts at a time."""
-    texts: list[str] = []
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i:i + batch_size]
-        texts += sample_problems(policy, chunk, 1, max_new_tokens, 0.0, stop=stop).texts
-    return texts
+    return [t for s in greedy_samples(policy, problems, max_new_tokens, batch_size, stop) for t in s.texts]
 
 
 def greedy_outcomes(policy: HFPolicy, problems: list[Problem], max_new_tokens: int,

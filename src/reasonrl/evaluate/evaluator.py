@@ -14,13 +14,13 @@ from typing import Any, Callable
 from reasonrl.params import ConfigError
 
 from reasonrl.sections import Recipe
-from reasonrl.evaluate.accuracy import accuracy_by_form, greedy_texts
+from reasonrl.evaluate.accuracy import accuracy_by_form, greedy_samples, greedy_texts
 from reasonrl.evaluate.metrics import bootstrap_ci
 from reasonrl.evaluate.sampling_eval import evaluate_sampling
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.registry import REWARDS, TASKS
 from reasonrl.rollout.collect import stop_strings
-from reasonrl.rollout.episodes import rollout_sampler, sample_problems
+from reasonrl.rollout.episodes import rollout_sampler
 
 
 @dataclass
@@ -119,8 +119,7 @@ class Evaluator:
         reward is 1 (the evaluator's rule everywhere), ``env_reward`` the mean reward."""
         sampler = self.task.rollout_sampler(policy, self.recipe)
         try:
-            samples = [sample_problems(sampler, self.problems[i:i + self.cfg.batch_size], 1, self.budget, 0.0,
-                                       stop=self.stop) for i in range(0, len(self.problems), self.cfg.batch_size)]
+            samples = greedy_samples(sampler, self.problems, self.budget, self.cfg.batch_size, self.stop)
             metrics = sampler.metrics()
         finally:
             sampler.close()

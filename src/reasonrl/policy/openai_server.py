@@ -54,7 +54,7 @@ import torch
 
 from reasonrl.policy.sampling import cut_at_stop, left_pad
 
-__all__ = ["Conversation", "PolicyServer", "RequestError", "parse_tool_calls", "stream_events"]
+__all__ = ["Conversation", "PolicyServer", "RequestError", "model_context", "parse_tool_calls", "stream_events"]
 
 MAX_BODY_BYTES = 16 * 2**20
 SENTINEL = "\u27e6reasonrl:reply\u27e7"  # stands for a reply when the chat template is rendered
@@ -178,7 +178,7 @@ class PolicyServer:
             raise ValueError("max_batch must be >= 1, batch_window_s >= 0 and request_timeout_s > 0")
         self.sampler, self.tokenizer, self.model = sampler, sampler.tokenizer, model
         self.max_batch, self.window, self.timeout = max_batch, batch_window_s, request_timeout_s
-        self.max_context = max_context if max_context is not None else _model_context(sampler)
+        self.max_context = max_context if max_context is not None else model_context(sampler)
         self.default_max_tokens = default_max_tokens
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         self.error: BaseException | None = None
@@ -482,7 +482,7 @@ def stream_events(payload: dict, include_usage: bool) -> list[dict]:
     return events
 
 
-def _model_context(sampler) -> int:
+def model_context(sampler) -> int:
     """The sampler's context length: its own ``max_context`` (an engine's ``max_model_len``), else
     its model's ``max_position_embeddings``, else unbounded."""
     if getattr(sampler, "max_context", None):

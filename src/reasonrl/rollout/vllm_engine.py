@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from reasonrl.policy.loading import resolve_model_path
+from reasonrl.policy.openai_server import model_context
 from reasonrl.policy.sampling import Samples, cut_at_stop, right_pad
 from reasonrl.rollout.vllm_worker import SCRATCH_ENV
 from reasonrl.isolation.worker_process import WorkerError, WorkerProcess
@@ -166,8 +167,7 @@ class VLLMSampler:
         self.dir = _scratch_dir()
         # What the engine can hold (its max_model_len defaults to the model's positions): the
         # endpoint over this sampler refuses longer requests up front, not with an engine error.
-        self.max_context = int(recipe.rollout.vllm_args.get("max_model_len")
-                               or getattr(policy.model.config, "max_position_embeddings", 0) or 2**31)
+        self.max_context = int(recipe.rollout.vllm_args.get("max_model_len") or model_context(policy))
         m = recipe.model
         folder = resolve_model_path(m.path, m.gguf_file, m.dtype, m.cache_dir, log)
         rank = None if self.lora is None else next((r for r in LORA_RANKS if r >= self.lora.r), self.lora.r)
