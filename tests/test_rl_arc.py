@@ -261,24 +261,20 @@ def test_each_rl_arc_arm_differs_from_its_baseline_in_the_method_alone(arm, base
     assert _recipe_diff(arm, baseline) == {"methods"}
     r = load_recipe(f"recipes/{baseline}.yaml")
     assert r.methods == [] and r.advantage.params["scale"] == "none" and r.eval.n == 8
-    # rl_arc.yaml's scaling change against GRPO is what the scale-only arm carries (plus eval.n for calibration)
-    if arm == "rl_arc":
-        assert _recipe_diff("grpo", baseline) == {"advantage.scale", "eval.n"}
+    # each arm's scaling change against its GRPO recipe is what the scale-only arm carries (plus eval.n for calibration)
+    grpo = {"rl_arc": "grpo", "rl_arc_gym_smollm2": "smollm2_grpo"}[arm]
+    assert _recipe_diff(grpo, baseline) == {"advantage.scale", "eval.n"}
 
 
 def test_the_gym_prompt_answers_where_the_span_split_and_the_reward_both_read():
-    """The few-shot answers of recipes/rl_arc_gym_smollm2.yaml (" #### 76") must be read as the
-    answer span by RL-ARC and as the answer by the reasoning_gym reward, or the method would
+    """The few-shot answers of recipes/rl_arc_gym_smollm2.yaml (" <answer>19</answer>") must be read
+    as the answer span by RL-ARC and as the answer by the reasoning_gym reward, or the method would
     take every row for a non-answer (c_a = 1)."""
     from reasonrl.recipe import load_recipe
     from reasonrl.rewards.reasoning_gym import extract_answer
 
     template = load_recipe("recipes/rl_arc_gym_smollm2.yaml").task.params["template"]
-    assert template.count("#### ") == 3 and template.endswith("Answer:")
-    import re
-
-    shots = re.findall(r"Calculate (\d+) \+ (\d+)\.\nAnswer: #### (\d+)\n", template)
-    assert len(shots) == 3 and all(int(a) + int(b) == int(c) for a, b, c in shots)  # the shots' sums hold
-    completion = " #### 61"  # what the 3-shot prompt elicits (one line: rollout.stop at "\n")
-    assert split_spans(completion) == Spans((0, 1), (6, 8))  # reasoning: the space before the marker
-    assert extract_answer(completion) == "61"
+    assert template.count("<answer>") == 2 and template.endswith("Answer:")
+    completion = " <answer>61</answer>"  # what the 2-shot prompt elicits (one line: rollout.stop at "\n")
+    assert split_spans(completion) == Spans((0, 1), (9, 11))  # reasoning: the space before the tag
+    assert completion[9:11] == extract_answer(completion) == "61"
