@@ -80,3 +80,15 @@ def test_no_reward_function_only_where_the_rollouts_bring_their_own_reward():
         recipe_from_dict({"rewards": []})
     with_env = recipe_from_dict({"rewards": [], "task": {"name": "arithmetic_tools"}, "env": {"name": "calculator"}})
     assert with_env.rewards == []
+
+
+def test_set_steps_into_a_list_by_index(tmp_path):
+    path = write(tmp_path, "rewards:\n  - {name: exact_answer, weight: 1.0}\n  - {name: format, weight: 0.5}\n")
+    r = load_recipe(path, ["rewards.1.weight=0.25", "rewards.0.name=exact_answer"])
+    assert [(rw.name, rw.weight) for rw in r.rewards] == [("exact_answer", 1.0), ("format", 0.25)]
+    with pytest.raises(ConfigError, match=r"'rewards' is a list of 2; '2' is not an index of it \(0 to 1\)"):
+        load_recipe(path, ["rewards.2.weight=1"])
+    with pytest.raises(ConfigError, match="'weight' is not an index"):
+        load_recipe(path, ["rewards.weight=1"])
+    with pytest.raises(ConfigError, match="'name' is not a section"):
+        load_recipe(path, ["rewards.0.name.x=1"])

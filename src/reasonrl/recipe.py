@@ -106,20 +106,32 @@ def _user_code(raw: Any, where: str) -> Any:
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``--set key.sub=value`` to the raw recipe. A number steps into a list
+    (``methods.0.teacher.path=DIR``: the first method's teacher), so a list entry's parameter
+    can be set without restating the whole list."""
     if "=" not in item:
         raise ConfigError(f"--set expects key.sub=value, got '{item}'")
     dotted, value_text = item.split("=", 1)
     keys = dotted.strip().split(".")
     value = yaml.safe_load(value_text) if value_text.strip() else None
-    node = raw
-    for k in keys[:-1]:
-        nxt = node.get(k)
-        if nxt is None:
-            nxt = node[k] = {}
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"--set {dotted}: '{k}' is not a section")
-        node = nxt
-    node[keys[-1]] = value
+    node: Any = raw
+    for depth, k in enumerate(keys):
+        last = depth == len(keys) - 1
+        if isinstance(node, list):
+            if not (k.isdigit() and int(k) < len(node)):
+                raise ConfigError(f"--set {dotted}: '{'.'.join(keys[:depth])}' is a list of {len(node)}; "
+                                  f"'{k}' is not an index of it (0 to {len(node) - 1})")
+            k = int(k)
+        elif last:
+            pass
+        elif node.get(k) is None:
+            node[k] = {}
+        if last:
+            node[k] = value
+            return
+        node = node[k]
+        if not isinstance(node, (dict, list)):
+            raise ConfigError(f"--set {dotted}: '{keys[depth]}' is not a section")
 
 
 def _check_whole_groups(r: Recipe, where: str) -> None:
