@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reasonrl.config import recipe_from_dict
+from reasonrl.config import flatten, load_recipe, recipe_from_dict
 from reasonrl.registry import REWARDS
 from reasonrl.methods.fsg.task import KINDS, build_problem
 from reasonrl.policy.char_tokenizer import build_char_tokenizer
@@ -48,6 +48,14 @@ def mini_policy(seed: int = 0, pad_is_eos: bool = False, decoder: str = "hf") ->
     pol = HFPolicy(new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id), tok)
     pol.decoder = decoder
     return pol
+
+
+def recipe_diff(a: str, b: str, overrides: tuple[str, ...] = ()) -> set[str]:
+    """The flattened keys in which recipes/<a>.yaml (with ``--set`` ``overrides``) and
+    recipes/<b>.yaml differ: a comparison's arms must differ in the method alone."""
+    fa = flatten(load_recipe(f"recipes/{a}.yaml", list(overrides)).to_dict())
+    fb = flatten(load_recipe(f"recipes/{b}.yaml").to_dict())
+    return {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
 
 
 def mini_recipe(**sections):

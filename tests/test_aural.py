@@ -14,7 +14,7 @@ from reasonrl.problem import Problem
 from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import mini_recipe
+from helpers import mini_recipe, recipe_diff
 
 PROBLEM = Problem(prompt="(3+4)*5;", answer="35", meta={"form": "(a+b)*c"})
 
@@ -128,3 +128,103 @@ def test_a_short_aural_run_logs_its_filter_and_lengths(tmp_path):
         # reward/aural is the weighted total's only part; exact_answer has weight 0.
         assert row["reward/mean"] == pytest.approx(row["reward/aural"], abs=1e-6)
         assert math.isfinite(row["reward/exact_answer"])
+
+
+# -- recipes/aural_smollm2.yaml: the real-model arm against the multistep GRPO baseline -------------------
+
+def test_the_smollm2_arm_differs_from_the_multistep_grpo_baseline_in_the_method_alone():
+    from reasonrl.recipe import load_recipe
+
+    assert recipe_diff("aural_smollm2", "smollm2_multistep") == {"rewards", "selection"}
+    arm, base = load_recipe("recipes/aural_smollm2.yaml"), load_recipe("recipes/smollm2_multistep.yaml")
+    assert [(r.name, r.weight, r.params) for r in base.rewards] == [("reasoning_gym", 1.0, {})]
+    assert base.selection == []
+    # The method's reward carries the weight; the baseline's reward, unchanged, is its q and only gates.
+    assert [(r.name, r.weight) for r in arm.rewards] == [("aural", 1.0), ("reasoning_gym", 0.0)]
+    assert arm.rewards[0].params == {"lam": 0.5, "alpha": 0.10, "beta": 0.02, "l_max": 3, "unit": "steps",
+                                     "marker": "<answer>", "separator": ",", "quality": "reasoning_gym"}
+    assert arm.rewards[1].params == {}
+    assert [(s.name, s.params) for s in arm.selection] == [
+        ("mixed_quality", {"quality": "reasoning_gym", "threshold": 0.99, "difficulty": "answer_digits",
+                           "marker": "<answer>", "separator": ","})]
+
+
+def _multistep_problem(question: str, answer: str) -> Problem:
+    """A problem as recipes/aural_smollm2.yaml's reasoning_gym task makes it (the reward reads the meta)."""
+    from reasonrl.recipe import load_recipe
+
+    task = load_recipe("recipes/aural_smollm2.yaml").task.params
+    kwargs = {**task["config"], "seed": 0, "size": task["size"] + task["eval_size"]}
+    return Problem(prompt=f"Question: {question}\nAnswer:", answer=answer,
+                   meta={"rg_dataset": "basic_arithmetic", "rg_kwargs": kwargs,
+                         "entry": {"question": question, "answer": answer, "metadata": {}}})
+
+
+# The multistep format (the 2-shot prompt of recipes/smollm2_multistep.yaml), for "Calculate 7 + 4 - 2." = 9:
+RIGHT = " 7 + 4 = 11, 11 - 2 = 9. <answer>9</answer>"       # L = 2, q = 1
+ONE_STEP = " 7 + 4 - 2 = 9. <answer>9</answer>"               # L = 1, q = 1
+WRONG = " 7 + 4 = 11, 11 - 2 = 10. <answer>10</answer>"     # L = 2, q = 0
+NO_ANSWER = " 7 + 4 = 11, 11 - 2 = 9."                        # L = 2, q = 0, no <answer>: −α − β
+EMPTY_TAG = " 7 + 4 = 11, 11 - 2 = 9. <answer></answer>"      # L = 2, q = 0, the tag but no number: −β
+
+
+def _recipe_aural():
+    from reasonrl.recipe import load_recipe
+
+    return load_recipe("recipes/aural_smollm2.yaml").rewards[0].params
+
+
+def test_the_smollm2_recipe_counts_worked_steps_and_judges_by_reasoning_gym():
+    pytest.importorskip("reasoning_gym")
+    params = _recipe_aural()
+    steps = lambda text: reasoning_steps(text, params["marker"], params["separator"])  # noqa: E731
+    assert [steps(t) for t in (RIGHT, ONE_STEP, WRONG, NO_ANSWER, EMPTY_TAG)] == [2, 1, 2, 2, 2]
+    assert steps(" <answer>9</answer>") == 0
+    # The few-shot answers of the prompt itself: two worked steps each.
+    assert steps(" 12 + 7 = 19, 19 - 5 = 14. <answer>14</answer>") == 2
+    assert steps(" 9 - 40 = -31, -31 + 3 = -28. <answer>-28</answer>") == 2
+    # q as the baseline judges it: reasoning_gym's score (partial credit for an answer containing the right one).
+    q = REWARDS.get("reasoning_gym")
+    problem = _multistep_problem("Calculate 7 + 4 - 2.", "9")
+    assert [q(t, problem) for t in (RIGHT, ONE_STEP, WRONG, NO_ANSWER, EMPTY_TAG)] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert q(" 7 + 4 = 11, 11 - 2 = -9. <answer>-9</answer>", problem) == 0.5  # below the filter's 0.99
+    # The penalties of the recipe's params, which do not depend on q: no tag −α − β, a tag with no number −β.
+    r = lambda text: aural_reward(text, problem, num_tokens=0, **params)  # noqa: E731
+    assert r(WRONG) == 0.0
+    assert r(NO_ANSWER) == pytest.approx(-0.12)
+    assert r(EMPTY_TAG) == pytest.approx(-0.02)
+
+
+def test_the_smollm2_recipe_rewards_right_answers_by_hand():
+    pytest.importorskip("reasoning_gym")
+    params = _recipe_aural()
+    problem = _multistep_problem("Calculate 7 + 4 - 2.", "9")
+    r = lambda text: aural_reward(text, problem, num_tokens=0, **params)  # noqa: E731
+    # L_max = 3, λ = 0.5: ℓ(2) = 1/2 → 1 + 0.5·(1 − 1/2) = 1.25; ℓ(1) = 0 → 1.5; ℓ(0) clipped to 0 → 1.5.
+    assert r(RIGHT) == pytest.approx(1.25)
+    assert r(ONE_STEP) == pytest.approx(1.5)
+    assert r(" <answer>9</answer>") == pytest.approx(1.5)
+    # Three steps: ℓ(3) = 1, no bonus.
+    assert r(" 7 + 4 = 11, 11 - 2 = 9, 9 = 9. <answer>9</answer>") == pytest.approx(1.0)
+
+
+def test_quality_names_a_registered_reward_other_than_aural():
+    problem = _multistep_problem("Calculate 7 + 4 - 2.", "9")
+    for bad in ("no_such_reward", "aural"):
+        with pytest.raises(ValueError, match=f"quality '{bad}' is not a registered reward"):
+            aural_reward(RIGHT, problem, num_tokens=0, quality=bad)
+
+
+def test_mixed_quality_reads_steps_with_the_recipes_marker_and_separator():
+    # The recipe's selection gives the reward's marker and separator, so its steps/<bucket> count the
+    # worked steps (2, 1, 2, 2 here) instead of the whole text as one '####'-less step.
+    from reasonrl.recipe import load_recipe
+
+    sel = load_recipe("recipes/aural_smollm2.yaml").selection[0].params
+    batch = _batch([1.0, 1.0, 0.0, 0.0], [RIGHT, ONE_STEP, WRONG, NO_ANSWER], ["9", "9", "9", "9"], ["f"] * 4)
+    _, metrics = mixed_quality(batch, **sel | {"quality": "exact_answer"})
+    assert metrics["steps/1digit"] == pytest.approx((2 + 1 + 2 + 2) / 4)
+    assert metrics["chars/1digit"] == pytest.approx(sum(len(t.split("<answer>")[0]) for t in
+                                                        (RIGHT, ONE_STEP, WRONG, NO_ANSWER)) / 4)
+    _, default = mixed_quality(batch)
+    assert default["steps/f"] == 1.0  # by form; no ';' and no '####': each text is one step

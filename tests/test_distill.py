@@ -2,6 +2,7 @@
 ``opd`` method end to end (split invariance, exact resume, pure distillation learns)."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from reasonrl.config import ConfigError
 from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_recipe, straight_and_resumed
+from helpers import MINI_TINY, mini_recipe, recipe_diff, straight_and_resumed
 
 S, T = [0.5, 0.5], [0.8, 0.2]  # student, teacher
 REVERSE = 0.5 * math.log(0.5 / 0.8) + 0.5 * math.log(0.5 / 0.2)  # 0.223144
@@ -171,3 +172,40 @@ def test_recipe_errors_are_clear():
                     train={"num_iterations": 2})
     with pytest.raises(ConfigError, match="divergence"):
         mini_recipe(methods=[{"name": "opd", "teacher": TEACHER, "divergence": "kl"}])
+
+
+# --- recipes/opd_smollm2.yaml: smollm2_grpo.yaml with OPD and a real (HF) teacher ------------------
+
+SMOLLM2_TEACHER = {"backend": "hf", "path": "runs/smollm2-teacher/final_model"}
+
+
+def test_opd_smollm2_differs_from_smollm2_grpo_in_the_method_alone():
+    from reasonrl.recipe import load_recipe
+
+    # loss.epsilon: ppo_clip's, refused with loss.policy none
+    assert recipe_diff("opd_smollm2", "smollm2_grpo") == {"loss.policy", "loss.epsilon", "methods"}
+    r = load_recipe("recipes/opd_smollm2.yaml")
+    assert r.loss.policy == "none" and r.loss.kl.coef == 0.0
+    (method,) = r.methods
+    assert method.name == "opd" and method.params["teacher"] == SMOLLM2_TEACHER
+    # the method's settings are the toy recipe's (recipes/opd.yaml), only the teacher differs
+    toy = load_recipe("recipes/opd.yaml").methods[0]
+    assert toy.name == "opd"
+    assert {k: v for k, v in method.params.items() if k != "teacher"} == \
+        {k: v for k, v in toy.params.items() if k != "teacher"}
+
+
+@pytest.mark.parametrize("name", ["opd_smollm2", "ts_opd_smollm2"])
+def test_a_smollm2_teacher_is_set_by_the_documented_override_and_a_missing_one_is_named(name):
+    from reasonrl.policy.teacher import build_teacher_policy
+    from reasonrl.recipe import load_recipe
+
+    override = "methods.0.teacher.path=runs/other/final_model"
+    assert "--set " + override.replace("runs/other/final_model", "<model folder>") in Path(f"recipes/{name}.yaml").read_text()
+    assert recipe_diff(name, name, (override,)) == {"methods"}
+    (method,) = load_recipe(f"recipes/{name}.yaml", [override]).methods
+    (default,) = load_recipe(f"recipes/{name}.yaml").methods
+    assert method.params == {**default.params, "teacher": {"backend": "hf", "path": "runs/other/final_model"}}
+    # an absent teacher folder fails at load, naming the folder (the student is not needed for that)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        build_teacher_policy({**SMOLLM2_TEACHER, "path": "runs/no-such-teacher/final_model"}, student=None)

@@ -14,7 +14,7 @@ from reasonrl.registry import ADVANTAGES, SELECTORS
 from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import mini_recipe
+from helpers import mini_recipe, recipe_diff
 
 # ---------------------------------------------------------------- the worked group (G = 8)
 # Rewards 1,1,1,1,0,0,0,0: mean 1/2, unbiased std sqrt(8·(1/4)/7) = sqrt(2/7) = 0.534522,
@@ -269,14 +269,6 @@ def test_selector_metrics_count_the_gated_and_the_mixed_groups():
 
 # ---------------------------------------------------------------- recipes: arms differing in the method alone
 
-
-def recipe_diff(a: str, b: str) -> set[str]:
-    from reasonrl.recipe import flatten, load_recipe
-
-    fa, fb = (flatten(load_recipe(f"recipes/{name}.yaml").to_dict()) for name in (a, b))
-    return {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
-
-
 def test_the_matched_lr_arms_differ_from_their_baselines_in_the_method_alone():
     from reasonrl.recipe import load_recipe
 
@@ -290,6 +282,22 @@ def test_the_matched_lr_arms_differ_from_their_baselines_in_the_method_alone():
     # The authors' balance.env: n_update 7 < G = 8, so every full group is judged.
     r = load_recipe("recipes/grpo_dropout.yaml")
     assert r.selection[0].params["n_update"] == 7 < r.rollout.num_generations
+
+
+def test_the_smollm2_arm_differs_from_smollm2_grpo_in_the_method_alone():
+    """Issue 33: GRPODropout on SmolLM2 against GRPO at the same effective step size, which is
+    recipes/smollm2_grpo.yaml itself (lr 1e-5): at equal lr the two take AdamW steps of the same
+    size (docs/methods/grpo_dropout.md, "Step size"), so no lr-matched baseline recipe is needed."""
+    from reasonrl.recipe import load_recipe
+
+    assert recipe_diff("smollm2_grpo", "grpo_dropout_smollm2") == {"selection", "advantage.name", "advantage.center",
+                                                                   "advantage.scale"}
+    real, toy, grpo = (load_recipe(f"recipes/{name}.yaml") for name in ("grpo_dropout_smollm2", "grpo_dropout",
+                                                                          "smollm2_grpo"))
+    # the method exactly as the toy recipe sets it: the authors' balance selector and weighted_center
+    assert real.selection == toy.selection and real.advantage == toy.advantage
+    assert real.optim.lr == grpo.optim.lr == 1e-5
+    assert real.selection[0].params["n_update"] == 7 < real.rollout.num_generations
 
 
 def test_step_size_measures_the_gradient_and_the_update(tmp_path):

@@ -14,7 +14,7 @@ from reasonrl.evaluate.sampling_eval import summarise
 from reasonrl.hooks import MethodContext
 from reasonrl.methods.rl_arc.method import RLARC
 
-from helpers import mini_policy, mini_recipe, scripted_samples, straight_and_resumed
+from helpers import mini_policy, mini_recipe, recipe_diff, scripted_samples, straight_and_resumed
 
 LN = math.log
 
@@ -246,24 +246,17 @@ def test_evaluation_reads_the_answer_confidence_of_each_sample(monkeypatch):
 
 # -- recipes: the method isolated from the advantage scaling -------------------------------------------------
 
-def _recipe_diff(a: str, b: str) -> set[str]:
-    from reasonrl.recipe import flatten, load_recipe
-
-    fa, fb = (flatten(load_recipe(f"recipes/{name}.yaml").to_dict()) for name in (a, b))
-    return {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
-
-
 @pytest.mark.parametrize("arm, baseline", [("rl_arc", "rl_arc_scale_only"),
                                            ("rl_arc_gym_smollm2", "rl_arc_gym_smollm2_scale_only")])
 def test_each_rl_arc_arm_differs_from_its_baseline_in_the_method_alone(arm, baseline):
     from reasonrl.recipe import load_recipe
 
-    assert _recipe_diff(arm, baseline) == {"methods"}
+    assert recipe_diff(arm, baseline) == {"methods"}
     r = load_recipe(f"recipes/{baseline}.yaml")
     assert r.methods == [] and r.advantage.params["scale"] == "none" and r.eval.n == 8
     # each arm's scaling change against its GRPO recipe is what the scale-only arm carries (plus eval.n for calibration)
     grpo = {"rl_arc": "grpo", "rl_arc_gym_smollm2": "smollm2_grpo"}[arm]
-    assert _recipe_diff(grpo, baseline) == {"advantage.scale", "eval.n"}
+    assert recipe_diff(grpo, baseline) == {"advantage.scale", "eval.n"}
 
 
 def test_the_gym_prompt_answers_where_the_span_split_and_the_reward_both_read():

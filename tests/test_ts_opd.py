@@ -14,7 +14,7 @@ from reasonrl.methods.ts_opd.method import STRATUM_KEY, TransferStratifiedOPD
 from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY, mini_policy, mini_recipe, straight_and_resumed
+from helpers import MINI_TINY, mini_policy, mini_recipe, recipe_diff, straight_and_resumed
 
 
 def test_strata_by_hand():
@@ -184,3 +184,24 @@ def test_an_async_source_is_refused():
         ts_recipe(rollout={"source": "async"})
     with pytest.raises(ConfigError, match="gate"):
         ts_recipe(method={"gate": "top"})
+
+
+# --- recipes/ts_opd_smollm2.yaml: smollm2_grpo.yaml with TS-OPD and a real (HF) teacher -------------
+
+def test_ts_opd_smollm2_differs_from_smollm2_grpo_in_the_method_alone():
+    from reasonrl.recipe import load_recipe
+
+    # loss.epsilon: ppo_clip's, refused with loss.policy none
+    assert recipe_diff("ts_opd_smollm2", "smollm2_grpo") == {"loss.policy", "loss.epsilon", "methods"}
+    # and from the OPD arm in the method's entry alone (same teacher)
+    assert recipe_diff("ts_opd_smollm2", "opd_smollm2") == {"methods"}
+    r = load_recipe("recipes/ts_opd_smollm2.yaml")
+    assert r.loss.policy == "none" and r.rollout.source == "sync"
+    (method,) = r.methods
+    assert method.name == "ts_opd"
+    assert method.params["teacher"] == {"backend": "hf", "path": "runs/smollm2-teacher/final_model"}
+    assert method.params["teacher"] == load_recipe("recipes/opd_smollm2.yaml").methods[0].params["teacher"]
+    # the method's settings are the toy recipe's (recipes/ts_opd.yaml), only the teacher differs
+    toy = load_recipe("recipes/ts_opd.yaml").methods[0]
+    assert {k: v for k, v in method.params.items() if k != "teacher"} == \
+        {k: v for k, v in toy.params.items() if k != "teacher"}

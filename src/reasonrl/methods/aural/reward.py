@@ -36,7 +36,6 @@ from reasonrl.algos.selection import zero_variance_groups
 from reasonrl.params import Range
 from reasonrl.dataflow import declares, meta_reward
 from reasonrl.registry import REWARDS, SELECTORS
-from reasonrl.rewards.basic import exact_answer
 from reasonrl.problem import Problem
 
 __all__ = ["normalised_length", "aural_reward", "reasoning_steps", "mixed_quality", "length_by_difficulty"]
@@ -67,14 +66,19 @@ def aural_reward(completion: str, problem: Problem, *, num_tokens: int,
                  beta: Annotated[float, Range(ge=0, why="β, the no-answer penalty")] = 0.02,
                  l_max: Annotated[float, Range(gt=1, why="ℓ(L) divides by L_max − 1")] = 64,
                  unit: Literal["steps", "tokens"] = "steps",
-                 marker: str = END_OF_REASONING, separator: str = STEP_SEPARATOR, **_) -> float:
+                 marker: str = END_OF_REASONING, separator: str = STEP_SEPARATOR,
+                 quality: str = "exact_answer", **_) -> float:
     """AURAL's reward R = q·[1 + λ(1 − ℓ(L))] − α·1_EOL − β·1_end (arXiv 2610.01560).
 
-    q = ``exact_answer`` (1 right, 0 wrong); L = the reasoning steps before ``marker``
+    q = the registered reward ``quality``'s score of the completion (default ``exact_answer``:
+    1 right, 0 wrong; ``reasoning_gym`` on that task's tagged answers), called with its own
+    defaults; L = the reasoning steps before ``marker``
     (``unit: steps``) or the completion's token count (``unit: tokens``: the whole completion,
     whose answer adds a few tokens to every trace alike); 1_EOL = 1[``marker`` absent];
     1_end = 1[no number after the marker] (the task's answer convention, as ``extract_answer``)."""
-    q = exact_answer(completion, problem)
+    if quality == "aural" or quality not in REWARDS:
+        raise ValueError(f"aural: quality '{quality}' is not a registered reward other than aural; registered: {sorted(REWARDS)}")
+    q = float(REWARDS.get(quality)(completion, problem, num_tokens=num_tokens))
     length = reasoning_steps(completion, marker, separator) if unit == "steps" else float(num_tokens)
     no_eol = marker not in completion
     no_answer = re.search(re.escape(marker) + _NUMBER, completion) is None
@@ -113,7 +117,8 @@ def length_by_difficulty(completions: list[str], buckets: list[str], marker: str
 @declares(by_params=lambda params: ((), (meta_reward(params.get("quality", "exact_answer")),)))
 def mixed_quality(batch, *, quality: str = "exact_answer",
                   threshold: float = 0.5,
-                  difficulty: Literal["form", "answer_digits"] = "form"):
+                  difficulty: Literal["form", "answer_digits"] = "form",
+                  marker: str = END_OF_REASONING, separator: str = STEP_SEPARATOR):
     """Keep only the groups whose answers are of mixed quality: some with q > ``threshold``,
     some not (AURAL keeps "only groups with mixed quality", arXiv 2610.01560). q is the
     recipe reward ``quality``'s unweighted score (``batch.meta["reward/<quality>"]``; give it
@@ -121,7 +126,8 @@ def mixed_quality(batch, *, quality: str = "exact_answer",
 
     Metrics: ``kept_fraction`` (rows kept) and the reasoning length per difficulty bucket over
     every sampled row (``length_by_difficulty``; buckets by the problem's ``form`` meta, else
-    by the answer's digit count; ``difficulty: answer_digits`` always by digits)."""
+    by the answer's digit count; ``difficulty: answer_digits`` always by digits), its steps read
+    with the ``aural`` reward's ``marker`` and ``separator`` (give both the same values)."""
     key = f"reward/{quality}"
     if key not in batch.meta:
         raise ValueError(f"mixed_quality: the batch has no scores of the quality reward '{quality}' "
@@ -133,5 +139,6 @@ def mixed_quality(batch, *, quality: str = "exact_answer",
     problems = batch.meta.get("problem", [None] * len(batch))
     buckets = [_bucket(p if difficulty == "form" else None, a, difficulty)
                for p, a in zip(problems, batch.meta["answer"])]
-    metrics = {"kept_fraction": float(keep.float().mean()), **length_by_difficulty(batch.meta["completion"], buckets)}
+    metrics = {"kept_fraction": float(keep.float().mean()),
+               **length_by_difficulty(batch.meta["completion"], buckets, marker, separator)}
     return batch.select(torch.nonzero(keep).squeeze(-1)), metrics
