@@ -59,3 +59,30 @@ def test_stop_strings_given_on_the_command_line_end_every_completion(tmp_path):
     assert any("#" in t for t in texts(plain))  # the mini model writes the answer marker ...
     assert not any("#" in t for t in texts(cut))  # ... which --stop now cuts, with what follows
     assert texts(cut) == [t.split("#")[0] for t in texts(plain)]  # the same samples (same seed), cut at '#'
+
+
+def test_a_recipe_gives_the_task_its_scoring_and_sampling_and_flags_win(tmp_path, capsys):
+    model = tmp_path / "model"
+    load_tiny_policy(TinySpec(**MINI_TINY)).save(model)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("task: {name: arithmetic, max_operand: 5}\nrollout: {max_new_tokens: 12, stop: ['#']}\n"
+                      "eval: {reward: exact_answer}\n")
+    common = ["eval", "--model", str(model), "--n", "4", "--k", "2", "--size", "6", "--seed", "3"]
+    flags = common + ["--task", "arithmetic", "--task-param", "max_operand=5", "--max-new-tokens", "12",
+                      "--stop", "#", "--reward", "exact_answer"]
+    assert main(flags + ["-o", str(tmp_path / "flags.json")]) == 0
+    assert main(common + ["--recipe", str(recipe), "-o", str(tmp_path / "recipe.json")]) == 0
+    by_flags = json.loads((tmp_path / "flags.json").read_text())["arithmetic"]
+    by_recipe = json.loads((tmp_path / "recipe.json").read_text())["arithmetic"]
+    assert by_recipe["task_params"] == {"max_operand": 5} and by_recipe["reward"] == "exact_answer"
+    assert by_recipe["per_problem"] == by_flags["per_problem"]  # the same problems, cut at '#', 12 tokens
+    # a flag beside the recipe wins: --stop '=' replaces the recipe's '#'
+    plain = common + ["--task", "arithmetic", "--task-param", "max_operand=5", "--max-new-tokens", "12"]
+    assert main(plain + ["-o", str(tmp_path / "plain.json")]) == 0
+    assert main(common + ["--recipe", str(recipe), "--stop", "=", "-o", str(tmp_path / "eq.json")]) == 0
+    texts = lambda name: [t for r in json.loads((tmp_path / name).read_text())["arithmetic"]["per_problem"]  # noqa: E731
+                          for t in r["completions"]]
+    assert texts("eq.json") == [t.split("=")[0] for t in texts("plain.json")]
+    assert any("=" in t for t in texts("plain.json")) and any("#" in t for t in texts("eq.json"))  # both acted
+    # neither --task nor --recipe: exit 2 with the reason
+    assert main(common) == 2 and "give --task NAME or --recipe RECIPE.yaml" in capsys.readouterr().err

@@ -166,19 +166,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise ConfigError(f"--n must be >= 1, got {args.n}")
-    params = {}
+    # --recipe gives the task and how it is scored and sampled; a flag given beside it wins.
+    source = load_recipe(args.recipe) if args.recipe else None
+    args.task = args.task or (source.task.name if source else None)
+    if not args.task:
+        raise ConfigError("reasonrl eval: give --task NAME or --recipe RECIPE.yaml")
+    same_task = source is not None and source.task.name == args.task
+    params = dict(source.task.params) if same_task else {}
     for item in args.task_param:
         if "=" not in item:
             raise ConfigError(f"--task-param expects key=value, got '{item}'")
         key, value = item.split("=", 1)
         params[key] = yaml.safe_load(value)
+    args.reward = args.reward or (source.eval.reward if same_task else "exact_answer")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = source.rollout.max_new_tokens if same_task else 64
+    stop = [unescape_cue(x) for x in args.stop] or (list(source.rollout.stop or []) if same_task else [])
     # Validated like a recipe: unknown task names or parameters fail with the closest match.
     recipe = recipe_from_dict({
         "task": {"name": args.task, **params},
         "eval": {"size": args.size, "reward": args.reward, "n": args.n, "k": [k for k in (1, args.k) if k <= args.n],
                  "temperature": args.temperature, "seed": args.seed, "batch_size": args.batch_size},
-        "rollout": {"max_new_tokens": args.max_new_tokens,
-                    **({"stop": [unescape_cue(x) for x in args.stop]} if args.stop else {})}}, "reasonrl eval")
+        "rollout": {"max_new_tokens": args.max_new_tokens, **({"stop": stop} if stop else {})}}, "reasonrl eval")
     evaluator = Evaluator(recipe, build_task(recipe))
     evaluator.check_sampled()
     policy = load_for_eval(args.model)
@@ -391,22 +400,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = command("eval", "sample n completions per problem: avg@k, pass@k, maj@k, greedy, with CIs")
     ev.add_argument("--model", required=True, help="tiny, a run folder, a checkpoint folder, a model folder, a .gguf or an alias")
-    ev.add_argument("--task", required=True, help="a registered task (reasonrl list tasks), e.g. arithmetic")
+    ev.add_argument("--task", help="a registered task (reasonrl list tasks), e.g. arithmetic")
+    ev.add_argument("--recipe", metavar="RECIPE.yaml",
+                    help="take the task and its parameters, the reward (eval.reward), rollout.stop and "
+                         "rollout.max_new_tokens from this recipe (its held-out problems); flags given beside it "
+                         "win, and --task naming another task takes nothing from it")
     ev.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE",
                     help="a parameter of the task, as in a recipe's task: section (repeatable)")
     ev.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
     ev.add_argument("--k", type=int, default=8, help="report pass@k and maj@k for this k (and 1; default 8)")
     ev.add_argument("--size", type=int, default=100, help="held-out problems (default 100)")
-    ev.add_argument("--reward", default="exact_answer", help="the reward whose 1 means correct (default exact_answer)")
+    ev.add_argument("--reward", help="the reward whose 1 means correct (default exact_answer, or the recipe's eval.reward)")
     ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    ev.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens per completion at most (default 64)")
+    ev.add_argument("--max-new-tokens", type=int, metavar="N",
+                    help="tokens per completion at most (default 64, or the recipe's rollout.max_new_tokens)")
     ev.add_argument("--batch-size", type=int, default=128, help="sequences sampled together (default 128)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the problems drawn and of sampling (default 0)")
     ev.add_argument("--baseline-model", metavar="MODEL", help="also evaluate this model (e.g. the base) on the same "
                     "problems: Regret Gap and the reward-hacking flag (docs/diagnostics.md)")
     ev.add_argument("--stop", action="append", default=[], metavar="STR",
                     help="end each completion at STR (\\n for a newline; repeatable), as a recipe's rollout.stop; "
-                         "default: the task's own stop strings")
+                         "default: the recipe's rollout.stop, else the task's own stop strings")
     ev.add_argument("--prefill", action="append", default=[], metavar="CUE",
                     help="also evaluate with the completion prefilled with CUE (\\n for a newline; repeatable): "
                          "delta pass@1 with a paired CI, log p(CUE), how often the model writes CUE itself")
