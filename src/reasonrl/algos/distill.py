@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["DIVERGENCES", "Divergence", "scaled_log_softmax", "restrict_top_k", "forward_kl", "reverse_kl",
-           "generalized_jsd", "token_divergence", "sampled_reverse_kl_surrogate"]
+           "generalized_jsd", "token_divergence", "logprob_divergence", "sampled_reverse_kl_surrogate"]
 
 Divergence = Literal["reverse_kl", "forward_kl", "jsd", "sampled_reverse_kl"]
 DIVERGENCES = ("reverse_kl", "forward_kl", "jsd", "sampled_reverse_kl")
@@ -101,8 +101,15 @@ def token_divergence(student_logits: Tensor, teacher_logits: Tensor, divergence:
     distributions (``divergence`` one of reverse_kl, forward_kl, jsd), over the vocabulary or
     the teacher's ``top_k``. ``sampled_reverse_kl`` needs only the sampled tokens' log-probs:
     see :func:`sampled_reverse_kl_surrogate`."""
-    s = scaled_log_softmax(student_logits, temperature)
-    t = scaled_log_softmax(teacher_logits.detach(), temperature)
+    return logprob_divergence(scaled_log_softmax(student_logits, temperature),
+                              scaled_log_softmax(teacher_logits.detach(), temperature), divergence, beta, top_k)
+
+
+def logprob_divergence(student_logp: Tensor, teacher_logp: Tensor, divergence: Divergence = "reverse_kl",
+                       beta: float = 0.5, top_k: Optional[int] = None) -> Tensor:
+    """:func:`token_divergence` on log-distributions already computed (``scaled_log_softmax``),
+    for a caller that reads them for something else too."""
+    s, t = student_logp, teacher_logp
     if top_k is not None:
         s, t = restrict_top_k(s, t, top_k)
     if divergence == "reverse_kl":

@@ -29,7 +29,7 @@ from typing import Annotated, Any, Optional
 import torch
 from torch import Tensor
 
-from reasonrl.algos.distill import Divergence, sampled_reverse_kl_surrogate, scaled_log_softmax, token_divergence
+from reasonrl.algos.distill import Divergence, logprob_divergence, sampled_reverse_kl_surrogate, scaled_log_softmax
 from reasonrl.algos.masked import masked_sum
 from reasonrl.batch import RolloutBatch
 from reasonrl.hooks import Method, MethodContext
@@ -47,19 +47,6 @@ def teacher_logits(teacher: Any, micro: RolloutBatch, share_prompt: bool) -> Ten
     """A frozen model's (teacher's, reference's) next-token logits ``[n, T, V]`` at the
     micro-batch's completion positions, without gradient."""
     return completion_logits(teacher, micro, share_prompt)
-
-
-def per_token_divergence(student_logits: Tensor, teacher_logits_: Tensor, student_logp: Tensor,
-                         tokens: Tensor, divergence: str, beta: float, top_k: Optional[int],
-                         temperature: float) -> tuple[Tensor, Tensor]:
-    """(term to minimise, its value) per token: the exact divergence is both; the sampled reverse
-    KL's term is its score-function surrogate and its value the log-ratio of the sampled token."""
-    if divergence == "sampled_reverse_kl":
-        t_logp = scaled_log_softmax(teacher_logits_, temperature).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        return sampled_reverse_kl_surrogate(student_logp, t_logp)
-    d = token_divergence(student_logits, teacher_logits_, divergence, beta=beta, top_k=top_k,
-                         temperature=temperature)
-    return d, d.detach()
 
 
 @METHODS.register("opd")
@@ -95,11 +82,16 @@ class OnPolicyDistillation(Method):
 
     def loss_term(self, inputs: Any) -> tuple[Tensor, dict[str, float]]:
         micro, mask = inputs.micro, inputs.mask
-        t_logits = teacher_logits(self.teacher, micro, self.share_prompt)
-        term, value = per_token_divergence(inputs.logits, t_logits, inputs.logprobs, micro.completion_ids,
-                                           self.divergence, self.beta, self.top_k, inputs.temperature)
-        t_logp = scaled_log_softmax(t_logits, inputs.temperature).gather(
-            -1, micro.completion_ids.unsqueeze(-1)).squeeze(-1)
+        # The teacher's log-distribution once: the divergence and the sampled tokens' log-probs read it.
+        t_all = scaled_log_softmax(teacher_logits(self.teacher, micro, self.share_prompt), inputs.temperature)
+        t_logp = t_all.gather(-1, micro.completion_ids.unsqueeze(-1)).squeeze(-1)
+        if self.divergence == "sampled_reverse_kl":
+            # the score-function term and, as its value, the sampled token's log-ratio
+            term, value = sampled_reverse_kl_surrogate(inputs.logprobs, t_logp)
+        else:
+            term = logprob_divergence(scaled_log_softmax(inputs.logits, inputs.temperature), t_all, self.divergence,
+                                      self.beta, self.top_k)
+            value = term.detach()
         stats = {TOKEN + f"opd/{self.divergence}": float(masked_sum(value, mask)),
                  TOKEN + "opd/teacher_logprob": float(masked_sum(t_logp, mask)),
                  TOKEN + "opd/student_logprob": float(masked_sum(inputs.logprobs.detach(), mask))}
