@@ -18,9 +18,10 @@ from pathlib import Path
 import reasonrl
 from reasonrl import catalog
 from reasonrl.api import default_run_dir, resumed_recipe
-from reasonrl.config import ConfigError, load_recipe, recipe_from_dict
+from reasonrl.params import ConfigError
+from reasonrl.recipe import load_recipe, recipe_from_dict
 from reasonrl.fsutil import atomic_write_text
-from reasonrl.registry import UnknownNameError
+from reasonrl.registry import UnknownNameError, load_components
 
 """The only recipe keys ``--set`` may change on ``train --resume``: a longer (or shorter) run
 of the same recipe; any other change makes a different run, which starts in a folder of its own."""
@@ -546,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        # Every built-in component, as reasonrl.config would import them; only once a command runs,
+        # so --help and --version answer without importing torch (~3 s).
+        load_components()
         return args.func(args)
     except (ConfigError, UnknownNameError, FileNotFoundError, ImportError) as exc:
         # ImportError: an optional extra the recipe needs; its message names the pip command.
