@@ -116,19 +116,16 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     value = yaml.safe_load(value_text) if value_text.strip() else None
     node: Any = raw
     for depth, k in enumerate(keys):
-        last = depth == len(keys) - 1
         if isinstance(node, list):
             if not (k.isdigit() and int(k) < len(node)):
                 raise ConfigError(f"--set {dotted}: '{'.'.join(keys[:depth])}' is a list of {len(node)}; "
                                   f"'{k}' is not an index of it (0 to {len(node) - 1})")
             k = int(k)
-        elif last:
-            pass
-        elif node.get(k) is None:
-            node[k] = {}
-        if last:
+        if depth == len(keys) - 1:
             node[k] = value
             return
+        if isinstance(node, dict) and node.get(k) is None:
+            node[k] = {}
         node = node[k]
         if not isinstance(node, (dict, list)):
             raise ConfigError(f"--set {dotted}: '{keys[depth]}' is not a section")

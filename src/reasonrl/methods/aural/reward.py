@@ -70,7 +70,7 @@ def aural_reward(completion: str, problem: Problem, *, num_tokens: int,
                  quality: str = "exact_answer", **_) -> float:
     """AURAL's reward R = q·[1 + λ(1 − ℓ(L))] − α·1_EOL − β·1_end (arXiv 2610.01560).
 
-    q = the registered reward ``quality``'s score of the completion (default ``exact_answer``:
+    q = the registered per-completion reward ``quality``'s score (default ``exact_answer``:
     1 right, 0 wrong; ``reasoning_gym`` on that task's tagged answers), called with its own
     defaults; L = the reasoning steps before ``marker``
     (``unit: steps``) or the completion's token count (``unit: tokens``: the whole completion,
