@@ -4,6 +4,7 @@ federated client's ``client_state.pt`` and the server's ``server_state.pt`` are 
 whose unpickling would create a file is refused with an error naming the file, and the file is
 not created; ``save_state`` refuses, at the first save, any state a safe load could not read."""
 
+import json
 import random
 import re
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from reasonrl.params import ConfigError
 from reasonrl.train import checkpoint as ckpt
@@ -122,3 +124,71 @@ def test_plain_state_round_trips_and_garbage_is_named(tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a state file")
     with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'bad.pt'}: not a readable state file")):
         ckpt.load_state(tmp_path / "bad.pt")
+
+
+# A checkpoint that cannot be written (a full disk, seen on a SmolLM2 run: safetensors raised its own
+# SafetensorError) stops the run with one line naming the step, the free space and the resume command;
+# the partial folder is removed and the last complete checkpoint resumes.
+
+class _Policy:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"half")
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.mark.parametrize("error, reason", [
+    (OSError(28, "No space left on device"), "no space left on device"),
+    (SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)"), "no space left on device"),
+    (PermissionError(13, "Permission denied"), "Permission denied"),
+])
+def test_a_failed_checkpoint_write_is_named_and_leaves_the_last_one_intact(tmp_path, error, reason):
+    ckpt.save_checkpoint(tmp_path, 1, _Policy(), {"step": 1}, keep=2)
+    with pytest.raises(ckpt.CheckpointWriteError) as caught:
+        ckpt.save_checkpoint(tmp_path, 2, _Policy(error), {"step": 2}, keep=2)
+    assert re.fullmatch(rf"could not write the checkpoint of step 2 in {tmp_path / 'checkpoints'}: {reason} "
+                        rf"\(\d+ MiB free\); the last complete checkpoint, step_000001, is intact: free space, "
+                        rf"then `reasonrl train --resume {tmp_path}`", str(caught.value))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]  # no .tmp- left
+    assert ckpt.load_state(tmp_path / "checkpoints" / "step_000001" / "state.pt") == {"step": 1}
+
+
+def test_an_error_that_is_not_a_write_failure_passes_through(tmp_path):
+    with pytest.raises(ValueError, match="a bug"):
+        ckpt.save_checkpoint(tmp_path, 1, _Policy(ValueError("a bug")), {}, keep=2)
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_cli_reports_a_full_disk_in_one_line_exit_1_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from reasonrl.cli import main
+
+    recipe, run = tmp_path / "r.yaml", tmp_path / "run"
+    recipe.write_text(yaml.safe_dump({"model": {"backend": "tiny", "tiny": dict(MINI_TINY)},
+                                      "rollout": {"num_generations": 4, "max_new_tokens": 16},
+                                      "train": {"steps": 2, "prompts_per_step": 2, "checkpoint_every": 1},
+                                      "eval": {"size": 2}, "log": {"plots": False, "progress": False}}))
+    real = ckpt.save_state
+
+    def disk_full_at_step_2(path, state):
+        if state["train_state"]["step"] == 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing "
+                               "file data/3: file write failed")
+        real(path, state)
+
+    monkeypatch.setattr(ckpt, "save_state", disk_full_at_step_2)
+    assert main(["train", str(recipe), "-o", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"reasonrl: error: could not write the checkpoint of step 2 in {run / 'checkpoints'}: the state file " \
+           "could not be written (disk full?)" in err and f"`reasonrl train --resume {run}`" in err
+    assert "Traceback" not in err
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
+    monkeypatch.setattr(ckpt, "save_state", real)
+    assert main(["train", "--resume", str(run)]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2

@@ -20,7 +20,7 @@ from reasonrl import catalog
 from reasonrl.api import default_run_dir, resumed_recipe
 from reasonrl.params import ConfigError
 from reasonrl.recipe import load_recipe, recipe_from_dict
-from reasonrl.fsutil import atomic_write_text
+from reasonrl.fsutil import CheckpointWriteError, atomic_write_text
 from reasonrl.registry import UnknownNameError, load_components
 
 """The only recipe keys ``--set`` may change on ``train --resume``: a longer (or shorter) run
@@ -555,6 +555,9 @@ def _run(args: argparse.Namespace) -> int:
         # ImportError: an optional extra the recipe needs; its message names the pip command.
         print(f"reasonrl: error: {exc}", file=sys.stderr)
         return 2
+    except CheckpointWriteError as exc:  # the run's environment failed, not its input: exit 1
+        print(f"reasonrl: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"reasonrl: interrupted{_interrupted(args)}", file=sys.stderr)
         return 130

@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Iterator
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, read-only or unwritable folder). The partial
+    folder is gone and the last complete checkpoint is intact; the message says how to resume.
+    Here, not beside the checkpoint code, so that the CLI catches it without importing torch."""
+
+
 @contextmanager
 def atomic_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside ``target``; on success rename it to ``target``.

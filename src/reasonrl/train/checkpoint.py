@@ -20,6 +20,7 @@ later resume. The federated client's and server's state files use the same pair.
 
 from __future__ import annotations
 
+import errno
 import pickle
 import random
 import re
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reasonrl.fsutil import atomic_directory, atomic_torch_save
+from reasonrl.fsutil import CheckpointWriteError, atomic_directory, atomic_torch_save
 from reasonrl.params import ConfigError
 
 STATE_FILE = "state.pt"
@@ -60,16 +61,46 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
 MODEL_DIR = "model"
 
 
+def _write_failure(exc: BaseException) -> str | None:
+    """Why ``exc`` is a failed write, in words, or None when it is something else (a bug).
+    Safetensors and torch.save do not raise OSError: they wrap the OS's error in their own
+    exception, so the OS's words are looked for in the text."""
+    if isinstance(exc, OSError):
+        return "no space left on device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    text = str(exc)
+    if "No space left on device" in text:
+        return "no space left on device"
+    if type(exc).__name__ == "SafetensorError" and "I/O error" in text:
+        return text.split("I/O error:", 1)[1].strip()
+    if "PytorchStreamWriter failed" in text or "file write failed" in text:
+        return "the state file could not be written (disk full?)"
+    return None
+
+
 def save_checkpoint(run_dir: Path, step: int, policy, state: dict[str, Any], keep: int, learner=None) -> Path:
     """Write ``checkpoints/step_<step>`` atomically: the policy's weights, ``state`` and what
     the ``learner`` keeps apart from it (a sharded learner's ``learner/`` folder, written by
-    every rank into the same temporary folder before it is renamed into place)."""
+    every rank into the same temporary folder before it is renamed into place).
+
+    A write that fails (a full disk) raises :class:`CheckpointWriteError`, which the CLI reports in
+    one line with the free space and the resume command, instead of a writer library's traceback."""
     final = run_dir / "checkpoints" / f"step_{step:06d}"
-    with atomic_directory(final, overwrite=True) as tmp:
-        policy.save(tmp / MODEL_DIR)
-        if learner is not None:
-            learner.save(tmp)
-        save_state(tmp / STATE_FILE, state)
+    try:
+        with atomic_directory(final, overwrite=True) as tmp:
+            policy.save(tmp / MODEL_DIR)
+            if learner is not None:
+                learner.save(tmp)
+            save_state(tmp / STATE_FILE, state)
+    except Exception as exc:
+        reason = _write_failure(exc)
+        if reason is None:
+            raise
+        free = shutil.disk_usage(final.parent).free / 2**20
+        last = list_checkpoints(run_dir)
+        after = (f"the last complete checkpoint, {last[-1].name}, is intact: free space, then "
+                 f"`reasonrl train --resume {run_dir}`" if last else "no earlier checkpoint exists")
+        raise CheckpointWriteError(f"could not write the checkpoint of step {step} in {final.parent}: {reason} "
+                                   f"({free:.0f} MiB free); {after}") from exc
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
