@@ -16,16 +16,23 @@ Learner arms (interleaved, arm order rotating every round, median of ``--repeats
   new          + length buckets (``train.length_buckets`` 4, the default): rows sorted by completion
                length, each bucket padded only to its own longest row.
   new_1thread  the new path on 1 thread (``train.threads``), to show what the second core gives.
+  new_lora     the new path training LoRA adapters (``model.lora``: r 16, α 32, all linear layers,
+               on a copy of the model) instead of all weights: the backward skips the frozen
+               weights' gradients (a third of its FLOPs). Another method, not the same
+               numbers: it is a lever only at equal accuracy, which a full seed must show.
 
 Sampler arms, seconds per sampling call on the same prompts: ``hf`` as it was (``rollout.decoder``
 hf: transformers' step, ``torch.multinomial``; every prompt prefilled whole), ``hf_prefix`` (the
 common prefix prefilled once) and ``fused_prefix`` (+ the fused Llama step with inverse-CDF
-draws, ``rollout.decoder: fused``). The old step is ``hf`` + ``old``, the new one
-``fused_prefix`` + ``new``, each with the same optimiser step.
+draws, ``rollout.decoder: fused``), and ``fused_prefix_lora`` (the same with the LoRA copy: the
+adapters merged into the packed weights at each call). The old step is ``hf`` + ``old``, the new
+one ``fused_prefix`` + ``new``, each with the same optimiser step; the LoRA step
+``fused_prefix_lora`` + ``new_lora`` + AdamW over the adapters.
 
 The learner's achieved FLOP/s are counted, not measured: 6 FLOPs per body parameter per token the
 arm computes (prompt tokens it runs, completion positions it pads to), plus the LM head's 6·d·V per
-completion position, against the fp32 matmul peak measured in the same run (a 2048³ ``torch.mm``).
+completion position (4 instead of 6 with LoRA: no gradient of a frozen weight), against the fp32
+matmul peak measured in the same run (a 2048³ ``torch.mm``).
 Levers not kept are in docs/scaling.md ("A SmolLM2 step"): bf16 on this AVX2 CPU
 (``benchmarks/precision.py``), ``torch.compile`` (``--compile``: it times the first, compiling step
 and the next ones; off by default, minutes of compile).
@@ -39,12 +46,15 @@ Prints a table and, last, one JSON line.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
 import warnings
 
 import torch
+
+from peft import LoraConfig, get_peft_model
 
 from reasonrl.algos.masked import group_inverse
 from reasonrl.policy.loading import load_hf_policy
@@ -88,7 +98,8 @@ def learner_flops(policy, batch, arm: dict) -> float:
         padded = sum(len(r) * int(lengths[r].max()) for r in parts) if len(parts) > 1 else c_ids.numel()
     else:
         padded = c_ids.numel()
-    return 6 * body * (prompt_tokens + padded) + 6 * d * vocab * padded
+    per = 4 if arm.get("lora") else 6  # forward 2, input gradient 2, weight gradient 2 (none when frozen)
+    return per * body * (prompt_tokens + padded) + per * d * vocab * padded
 
 
 def main(argv=None) -> None:
@@ -105,9 +116,16 @@ def main(argv=None) -> None:
     prompts = [TEMPLATE.format(a=int(torch.randint(1, 100, (1,), generator=g)),
                                b=int(torch.randint(1, 100, (1,), generator=g))) for _ in range(8)]
 
+    # The LoRA arms' model: a copy, so that the other arms run the plain model, not PEFT's wrappers.
+    # PEFT starts B at 0, so its log-probs equal the plain model's until it trains.
+    lora_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                                                 target_modules="all-linear"))
+    models = {False: model, True: lora_model}
+
     # Sampler arms: the same prompts, each decoder's own random stream.
-    sampler_arms = {"hf": ("hf", NO_PREFIX), "hf_prefix": ("hf", policy.min_shared_prefix),
-                    "fused_prefix": ("fused", policy.min_shared_prefix)}
+    sampler_arms = {"hf": ("hf", NO_PREFIX, False), "hf_prefix": ("hf", policy.min_shared_prefix, False),
+                    "fused_prefix": ("fused", policy.min_shared_prefix, False),
+                    "fused_prefix_lora": ("fused", policy.min_shared_prefix, True)}
     default_prefix = policy.min_shared_prefix
     sampler: dict[str, list[float]] = {k: [] for k in sampler_arms}
     tokens: dict[str, list[int]] = {k: [] for k in sampler_arms}
@@ -115,7 +133,8 @@ def main(argv=None) -> None:
     snames = list(sampler_arms)
     for r in range(args.repeats):
         for name in snames[r % len(snames):] + snames[:r % len(snames)]:
-            policy.decoder, policy.min_shared_prefix = sampler_arms[name]
+            policy.decoder, policy.min_shared_prefix, lora = sampler_arms[name]
+            policy.model = models[lora]
             gen = torch.Generator().manual_seed(args.seed * 100 + r)
             t0 = time.perf_counter()
             s = policy.sample(prompts, 8, 16, 1.0, gen, stop=["\n"])
@@ -123,7 +142,7 @@ def main(argv=None) -> None:
             tokens[name].append(int(s.completion_mask.sum()))
             if name == "hf" and samples is None:
                 samples = s
-    policy.decoder, policy.min_shared_prefix = "hf", default_prefix
+    policy.decoder, policy.min_shared_prefix, policy.model = "hf", default_prefix, model
     groups = torch.arange(8).repeat_interleave(8)
     batch = (samples.prompt_ids, samples.prompt_mask, samples.completion_ids, samples.completion_mask, groups)
     adv = torch.randn(len(groups), generator=g).unsqueeze(1)
@@ -132,16 +151,19 @@ def main(argv=None) -> None:
     arms = {"old": {"min_prefix": NO_PREFIX, "buckets": 1, "threads": args.threads},
             "prefix": {"min_prefix": policy.min_shared_prefix, "buckets": 1, "threads": args.threads},
             "new": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads},
-            "new_1thread": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": 1}}
+            "new_1thread": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": 1},
+            "new_lora": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "lora": True}}
     fwd: dict[str, list[float]] = {k: [] for k in arms}
     bwd: dict[str, list[float]] = {k: [] for k in arms}
     results: dict[str, tuple] = {}
     model.train()
+    lora_model.train()
 
     def learner_step(arm: dict):
         policy.min_shared_prefix = arm["min_prefix"]
+        policy.model = models[arm.get("lora", False)]
         torch.set_num_threads(arm["threads"])
-        model.zero_grad(set_to_none=True)
+        policy.model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         logp, ent = policy.completion_logprobs(*batch[:4], group_ids=groups, with_entropy=True,
                                                length_buckets=arm["buckets"])
@@ -151,7 +173,9 @@ def main(argv=None) -> None:
         t2 = time.perf_counter()
         torch.set_num_threads(args.threads)
         policy.min_shared_prefix = default_prefix
-        return t1 - t0, t2 - t1, logp.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        grads = [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+        policy.model = model
+        return t1 - t0, t2 - t1, logp.detach(), grads
 
     names = list(arms)
     for r in range(args.repeats):
@@ -166,6 +190,9 @@ def main(argv=None) -> None:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-9, fused=True)
     learner_step(arms["new"])
     optimizer_s = statistics.median(_timed(opt.step) for _ in range(3))
+    opt_lora = torch.optim.AdamW([p for p in lora_model.parameters() if p.requires_grad], lr=1e-9, fused=True)
+    learner_step(arms["new_lora"])
+    optimizer_lora_s = statistics.median(_timed(opt_lora.step) for _ in range(3))
 
     compile_row = None
     if args.compile:
@@ -193,11 +220,14 @@ def main(argv=None) -> None:
         flops = learner_flops(policy, batch, arm)
         logp, grads = results[name]
         dlogp = float((logp - ref_logp)[m].abs().max())
-        num = sum(float((a - r).pow(2).sum()) for a, r in zip(grads, ref_grads)) ** 0.5
-        den = sum(float(r.pow(2).sum()) for r in ref_grads) ** 0.5
+        if arm.get("lora"):  # other parameters: no gradient to compare
+            num, den = float("nan"), 1.0
+        else:
+            num = sum(float((a - r).pow(2).sum()) for a, r in zip(grads, ref_grads)) ** 0.5
+            den = sum(float(r.pow(2).sum()) for r in ref_grads) ** 0.5
         rows[name] = {"forward_s": round(f, 3), "backward_s": round(b, 3), "learner_s": round(f + b, 3),
                       "gflops": round(flops / (f + b) / 1e9, 1), "peak_fraction": round(flops / (f + b) / 1e9 / peak, 3),
-                      "max_dlogp": dlogp, "grad_rel_diff": num / den}
+                      "max_dlogp": dlogp, "grad_rel_diff": None if arm.get("lora") else num / den}
         base = statistics.median(fwd["old"]) + statistics.median(bwd["old"])
         print(f"{name:12s} {f:8.2f} {b:9.2f} {f + b:8.2f} {(f + b) / base:7.2f} {rows[name]['gflops']:8.1f} "
               f"{rows[name]['peak_fraction']:8.2f} {dlogp:11.1e} {num / den:9.1e}")
@@ -207,7 +237,9 @@ def main(argv=None) -> None:
     print(f"optimizer (fused AdamW) {optimizer_s:.2f} s")
     step_old = samp["hf"] + rows["old"]["learner_s"] + optimizer_s
     step_new = samp["fused_prefix"] + rows["new"]["learner_s"] + optimizer_s
-    print(f"step  old {step_old:.2f} s   new {step_new:.2f} s   ratio {step_new / step_old:.3f}")
+    step_lora = samp["fused_prefix_lora"] + rows["new_lora"]["learner_s"] + optimizer_lora_s
+    print(f"step  old {step_old:.2f} s   new {step_new:.2f} s   ratio {step_new / step_old:.3f}   "
+          f"LoRA {step_lora:.2f} s   ratio {step_lora / step_old:.3f} (another method: see the docstring)")
     if compile_row:
         print(f"torch.compile (new path): first step {compile_row['first_step_s']} s, then {compile_row['step_s']} s "
               f"(uncompiled {rows['new']['learner_s']} s)")
@@ -216,6 +248,8 @@ def main(argv=None) -> None:
                       "completion_block": list(m.shape), "arms": rows, "sampler_s": samp, "sampler_tokens": tok,
                       "optimizer_s": round(optimizer_s, 3), "step_old_s": round(step_old, 2),
                       "step_new_s": round(step_new, 2), "step_ratio": round(step_new / step_old, 3),
+                      "optimizer_lora_s": round(optimizer_lora_s, 3), "step_lora_s": round(step_lora, 2),
+                      "step_lora_ratio": round(step_lora / step_old, 3),
                       "compile": compile_row}))
 
 

@@ -80,18 +80,47 @@ def test_inverse_cdf_gives_live_rows_their_full_batch_tokens():
     assert torch.equal(part, full[live])
 
 
-def test_fused_decoder_refuses_lora_and_names_the_fix():
+def test_fused_decoder_merges_lora_adapters_into_its_weights():
+    """With LoRA the fused step samples from the adapted model: its logits equal transformers'
+    decode through the PEFT layers (B set non-zero: PEFT starts it at 0, which would hide a
+    decoder that ignored the adapters), and differ from the base model's."""
     from reasonrl.policy.factory import build_policy
 
-    cfg = ModelConfig(backend="tiny", tiny=dict(MINI_TINY), lora=LoraConfig(r=4))
-    with pytest.raises(ConfigError, match=r"rollout.decoder is 'fused' but LoRA.*use rollout.decoder: hf"):
-        build_policy(cfg, decoder="fused")
-    assert build_policy(cfg, decoder="hf").decoder == "hf"
+    pol = build_policy(ModelConfig(backend="tiny", tiny=dict(MINI_TINY), lora=LoraConfig(r=4)), decoder="fused")
+    model = pol.model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    ids, mask = pol.encode_prompts(PROMPT_SETS["own"])
+    tok = torch.tensor([5, 9, 11, 3, 7, 2])
+    with torch.no_grad():
+        ref, fused = HFDecoder(model), FusedLlamaDecoder(model)
+        a, b = ref.prefill(ids, mask, 2, 4), fused.prefill(ids, mask, 2, 4)
+        torch.testing.assert_close(b[0], a[0])  # the prefill: the model's own forward in both
+        mask2 = torch.cat([a[1].repeat_interleave(2, 0), torch.ones(6, 1, dtype=a[1].dtype)], -1)
+        pos = a[2].unsqueeze(1).repeat_interleave(2, 0) + 1
+        adapted = ref.step(tok, mask2, pos)
+        torch.testing.assert_close(fused.step(tok, mask2, pos), adapted, atol=1e-4, rtol=0)
+        with model.disable_adapter():
+            base = FusedLlamaDecoder(model)
+            base.prefill(ids, mask, 2, 4)
+            plain = base.step(tok, mask2, pos)
+    assert (plain - adapted).abs().max() > 0.1  # the adapters matter, and the fused step applied them
+
+
+def test_fused_decoder_refuses_what_it_cannot_merge_and_names_the_fix():
+    from peft import LoraConfig as PeftLora, get_peft_model
+
+    dora = get_peft_model(mini_policy().model, PeftLora(r=4, target_modules=["q_proj"], use_dora=True))
+    assert "DoRA" in fused_unsupported(dora)
+    emb = get_peft_model(mini_policy().model, PeftLora(r=4, target_modules=["embed_tokens"]))
+    assert "LoRA on an embedding" in fused_unsupported(emb)
     plain = mini_policy()
     assert fused_unsupported(plain.model) is None
     plain.model.config.mlp_bias = True
     assert "mlp_bias" in fused_unsupported(plain.model)
-    with pytest.raises(ValueError, match="mlp_bias"):
+    with pytest.raises(ConfigError, match=r"rollout.decoder is 'fused' but config.mlp_bias.*use rollout.decoder: hf"):
         FusedLlamaDecoder(plain.model)
 
 
@@ -134,3 +163,24 @@ def test_a_fused_bf16_run_trains_and_resumes_exactly(tmp_path, monkeypatch):
     assert any("offpolicy/kl_behaviour" in r for r in rows[0])  # the bf16 sampler's mismatch is measured
     wa, wb = (load_file(str(tmp_path / d / "final_model" / "model.safetensors")) for d in "ab")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_lora_run_samples_with_the_fused_decoder_from_its_current_adapters(tmp_path, monkeypatch):
+    """In a LoRA run the fused sampler repacks at every sampling call, so it samples from the
+    adapters the learner just updated (the packed head changes from one step to the next)."""
+    from reasonrl.train.trainer import Trainer
+
+    from helpers import mini_recipe
+
+    heads = []
+    real_reload = FusedLlamaDecoder.reload
+    monkeypatch.setattr(FusedLlamaDecoder, "reload",
+                        lambda self: real_reload(self) or heads.append(self.packed[0][0].to_dense().clone()
+                                                                      if self.packed[0][0].is_mkldnn else
+                                                                      self.packed[0][0].clone()))
+    # The embedded trained model ("tiny": {}): rewards vary within groups, so the adapters move.
+    recipe = mini_recipe(model={"tiny": {}, "lora": {"r": 4}}, rollout={"decoder": "fused"}, train={"steps": 3},
+                         optim={"lr": 1e-2}, eval={"size": 2})
+    summary = Trainer(recipe, tmp_path / "run", log=lambda m: None).run()
+    assert summary["steps"] == 3 and len(heads) >= 3
+    assert not torch.equal(heads[0], heads[-1])  # layer 0's q/k/v moved with the adapters

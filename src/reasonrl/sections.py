@@ -175,7 +175,8 @@ class RolloutConfig:
     Llama-family decode step over fused q/k/v and gate/up weights and a preallocated KV cache,
     with inverse-CDF draws (SmolLM2 at batch 8 on 2 CPU cores: 1.56× the sampling tokens/s of
     ``hf`` in fp32, 2.07× with ``dtype: bfloat16``; ``benchmarks/sampler_levers.py``); same
-    distribution, another random stream. Not for LoRA. Evaluation samples with it too."""
+    distribution, another random stream. With LoRA the adapters are merged into its packed weights
+    (not DoRA, not LoRA on embeddings). Evaluation samples with it too."""
     engine: Literal["local", "ray", "vllm"] = "local"
     """What samples and where. ``local``: reasonrl's own sampler, in this process (``sync``) or one
     child process (``async``); ``ray``: ``async`` with ``workers`` Ray actors; ``vllm``: a vLLM
