@@ -10,7 +10,7 @@ from reasonrl.config import load_recipe
 from reasonrl.metrics_log import read_metrics
 from reasonrl.train.trainer import Trainer
 
-from helpers import MINI_TINY
+from helpers import MINI_TINY, recipe_diff
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
 # A verifiers environment's recipe runs in tests/test_verifiers.py (it needs the verifiers worker),
@@ -72,3 +72,12 @@ def test_smollm2_grpo_recipe_scores_its_own_format():
         assert score(f" <answer>{a + b + 1}</answer>", problem) == 0.0
         assert score(f" {a + b}", problem) == 0.0
     assert "12 + 7?\nAnswer: <answer>19</answer>" in train[0].prompt and "9 - 4?\nAnswer: <answer>5</answer>" in train[0].prompt
+
+
+def test_the_smollm2_lora_recipe_differs_from_smollm2_grpo_in_lora_its_lr_and_the_decoder():
+    """Issue 33's LoRA lever is judged against recipes/smollm2_grpo.yaml: nothing else may differ."""
+    assert recipe_diff("smollm2_grpo_lora", "smollm2_grpo") == {
+        "model.lora.r", "model.lora.alpha", "model.lora.dropout", "model.lora.target_modules", "optim.lr",
+        "rollout.decoder"}
+    lora = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "smollm2_grpo_lora.yaml")
+    assert lora.rollout.decoder == "fused" and lora.optim.lr == 1e-4 and lora.model.lora.r == 16
