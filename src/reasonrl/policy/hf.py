@@ -317,7 +317,8 @@ class HFPolicy:
     def _bucket_overhead(self) -> int:
         """One more forward call's cost in completion tokens: a fixed ~1.5 ms per decoder layer for
         the call (forward and backward) against ~6 FLOPs per parameter per token at ~1e11 FLOP/s
-        (2 CPU cores). SmolLM2-135M: ~6 tokens; the embedded 0.66M model: ~10^5, so it never splits."""
+        (2 CPU cores). SmolLM2-135M: ~6 tokens; the embedded 0.66M model: ~150 (4 layers), so its
+        quickstart batch (completions of 20-28 tokens) splits in one or two."""
         if self.bucket_overhead is not None:
             return self.bucket_overhead
         layers = getattr(self.model.config, "num_hidden_layers", 1)
