@@ -16,6 +16,10 @@ Learner arms (interleaved, arm order rotating every round, median of ``--repeats
   new          + length buckets (``train.length_buckets`` 4, the default): rows sorted by completion
                length, each bucket padded only to its own longest row.
   new_1thread  the new path on 1 thread (``train.threads``), to show what the second core gives.
+  new_bf16     the new path under ``train.precision: bf16`` (``torch.autocast`` bfloat16 around the
+               forward, fp32 weights and gradients): fast only on a CPU with bf16 units
+               (AVX512-BF16 or AMX; ``torch.ops.mkldnn._is_mkldnn_bf16_supported()``), 8-30x slower
+               without them (``benchmarks/precision.py``).
   new_lora     the new path training LoRA adapters (``model.lora``: r 16, α 32, all linear layers,
                on a copy of the model) instead of all weights: the backward skips the frozen
                weights' gradients (a third of its FLOPs). Another method, not the same
@@ -25,9 +29,11 @@ Sampler arms, seconds per sampling call on the same prompts: ``hf`` as it was (`
 hf: transformers' step, ``torch.multinomial``; every prompt prefilled whole), ``hf_prefix`` (the
 common prefix prefilled once) and ``fused_prefix`` (+ the fused Llama step with inverse-CDF
 draws, ``rollout.decoder: fused``), and ``fused_prefix_lora`` (the same with the LoRA copy: the
-adapters merged into the packed weights at each call). The old step is ``hf`` + ``old``, the new
-one ``fused_prefix`` + ``new``, each with the same optimiser step; the LoRA step
-``fused_prefix_lora`` + ``new_lora`` + AdamW over the adapters.
+adapters merged into the packed weights at each call), and ``fused_prefix_bf16`` (a bfloat16
+sampling copy, ``rollout.dtype: bfloat16``, with the fused step). The old step is ``hf`` + ``old``,
+the new one ``fused_prefix`` + ``new``, each with the same optimiser step; the bf16 step
+``fused_prefix_bf16`` + ``new_bf16``; the LoRA step ``fused_prefix_lora`` + ``new_lora`` + AdamW over
+the adapters.
 
 The learner's achieved FLOP/s are counted, not measured: 6 FLOPs per body parameter per token the
 arm computes (prompt tokens it runs, completion positions it pads to), plus the LM head's 6·d·V per
@@ -120,12 +126,15 @@ def main(argv=None) -> None:
     # PEFT starts B at 0, so its log-probs equal the plain model's until it trains.
     lora_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                                  target_modules="all-linear"))
-    models = {False: model, True: lora_model}
+    models = {False: model, True: lora_model, "bf16": None}
 
     # Sampler arms: the same prompts, each decoder's own random stream.
     sampler_arms = {"hf": ("hf", NO_PREFIX, False), "hf_prefix": ("hf", policy.min_shared_prefix, False),
                     "fused_prefix": ("fused", policy.min_shared_prefix, False),
-                    "fused_prefix_lora": ("fused", policy.min_shared_prefix, True)}
+                    "fused_prefix_lora": ("fused", policy.min_shared_prefix, True),
+                    "fused_prefix_bf16": ("fused", policy.min_shared_prefix, "bf16")}
+    bf16_sampler = policy.sampling_copy("bfloat16")  # rollout.dtype: bfloat16 (its own cast copy)
+    bf16_sampler.decoder = "fused"
     default_prefix = policy.min_shared_prefix
     sampler: dict[str, list[float]] = {k: [] for k in sampler_arms}
     tokens: dict[str, list[int]] = {k: [] for k in sampler_arms}
@@ -134,10 +143,11 @@ def main(argv=None) -> None:
     for r in range(args.repeats):
         for name in snames[r % len(snames):] + snames[:r % len(snames)]:
             policy.decoder, policy.min_shared_prefix, lora = sampler_arms[name]
-            policy.model = models[lora]
+            policy.model = models[lora] or model
+            sampler_policy = bf16_sampler if lora == "bf16" else policy
             gen = torch.Generator().manual_seed(args.seed * 100 + r)
             t0 = time.perf_counter()
-            s = policy.sample(prompts, 8, 16, 1.0, gen, stop=["\n"])
+            s = sampler_policy.sample(prompts, 8, 16, 1.0, gen, stop=["\n"])
             sampler[name].append(time.perf_counter() - t0)
             tokens[name].append(int(s.completion_mask.sum()))
             if name == "hf" and samples is None:
@@ -152,6 +162,7 @@ def main(argv=None) -> None:
             "prefix": {"min_prefix": policy.min_shared_prefix, "buckets": 1, "threads": args.threads},
             "new": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads},
             "new_1thread": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": 1},
+            "new_bf16": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "bf16": True},
             "new_lora": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "lora": True}}
     fwd: dict[str, list[float]] = {k: [] for k in arms}
     bwd: dict[str, list[float]] = {k: [] for k in arms}
@@ -162,6 +173,7 @@ def main(argv=None) -> None:
     def learner_step(arm: dict):
         policy.min_shared_prefix = arm["min_prefix"]
         policy.model = models[arm.get("lora", False)]
+        policy.autocast = torch.bfloat16 if arm.get("bf16") else None  # what train.precision: bf16 sets
         torch.set_num_threads(arm["threads"])
         policy.model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
@@ -174,7 +186,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
         policy.min_shared_prefix = default_prefix
         grads = [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
-        policy.model = model
+        policy.model, policy.autocast = model, None
         return t1 - t0, t2 - t1, logp.detach(), grads
 
     names = list(arms)
@@ -238,7 +250,9 @@ def main(argv=None) -> None:
     step_old = samp["hf"] + rows["old"]["learner_s"] + optimizer_s
     step_new = samp["fused_prefix"] + rows["new"]["learner_s"] + optimizer_s
     step_lora = samp["fused_prefix_lora"] + rows["new_lora"]["learner_s"] + optimizer_lora_s
+    step_bf16 = samp["fused_prefix_bf16"] + rows["new_bf16"]["learner_s"] + optimizer_s
     print(f"step  old {step_old:.2f} s   new {step_new:.2f} s   ratio {step_new / step_old:.3f}   "
+          f"bf16 {step_bf16:.2f} s   ratio {step_bf16 / step_old:.3f}   "
           f"LoRA {step_lora:.2f} s   ratio {step_lora / step_old:.3f} (another method: see the docstring)")
     if compile_row:
         print(f"torch.compile (new path): first step {compile_row['first_step_s']} s, then {compile_row['step_s']} s "
@@ -248,6 +262,8 @@ def main(argv=None) -> None:
                       "completion_block": list(m.shape), "arms": rows, "sampler_s": samp, "sampler_tokens": tok,
                       "optimizer_s": round(optimizer_s, 3), "step_old_s": round(step_old, 2),
                       "step_new_s": round(step_new, 2), "step_ratio": round(step_new / step_old, 3),
+                      "step_bf16_s": round(step_bf16, 2), "step_bf16_ratio": round(step_bf16 / step_old, 3),
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                       "optimizer_lora_s": round(optimizer_lora_s, 3), "step_lora_s": round(step_lora, 2),
                       "step_lora_ratio": round(step_lora / step_old, 3),
                       "compile": compile_row}))

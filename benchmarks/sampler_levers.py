@@ -6,7 +6,8 @@
     with compaction (same seed: the same tokens must come out).
 (b) Sampling tokens/s at batch 8 (1 prompt x 8, 128 new tokens) for float32 without compaction
     (the sampler before issue 10), float32 with compaction, a bfloat16 sampling copy with
-    compaction, and the fused Llama decoder (``rollout.decoder: fused``) in float32 and bfloat16;
+    compaction, and the fused Llama decoder (``rollout.decoder: fused``) in float32 and bfloat16
+    and over int8 weights (``rollout.dtype: int8``: quantised at every sampling call, included);
     the runs are interleaved and repeated, and the ratios are of medians from this one run.
 (c) What the bfloat16 samplers cost in behaviour-learner mismatch: their sample_logprobs against
     float32 scoring of the same tokens (k3 KL over tokens, max |delta|).
@@ -89,10 +90,10 @@ def part_a(policy, budget, seed):
     return results[False][1] / results[True][1], results[False][2], same
 
 
-def part_b(policy, bf16, fused32, fused16, budget, repeats, seed):
+def part_b(policy, bf16, fused32, fused16, fused8, budget, repeats, seed):
     print(f"(b) batch 8 (1 prompt x 8), {budget} new tokens, temperature 1, {repeats} repeats (median)")
     configs = {"fp32 (today)": (policy, False), "fp32+compaction": (policy, True), "bf16+compaction": (bf16, True),
-               "fp32 fused": (fused32, True), "bf16 fused": (fused16, True)}
+               "fp32 fused": (fused32, True), "bf16 fused": (fused16, True), "int8 fused": (fused8, True)}
     for pol, compact in configs.values():  # warm-up (kernel selection, first-call allocations)
         pol.sample([BATCH8], 8, 4, 1.0, generator=torch.Generator().manual_seed(seed), compact=compact)
     rates, samples = defaultdict(list), defaultdict(list)
@@ -111,7 +112,7 @@ def part_b(policy, bf16, fused32, fused16, budget, repeats, seed):
         print(f"  {name:16s}: {statistics.median(values):6.1f} tokens/s (runs: {', '.join(f'{v:.1f}' for v in values)}), "
               f"x{statistics.median(values) / today:.2f} of today; first run's real-token fraction {real:.2f}")
     speedups = {name: statistics.median(v) / today for name, v in rates.items()}
-    return speedups, {name: samples[name] for name in ("bf16+compaction", "bf16 fused", "fp32 fused")}
+    return speedups, {name: samples[name] for name in ("bf16+compaction", "bf16 fused", "fp32 fused", "int8 fused")}
 
 
 def part_c(policy, name, bf16_samples):
@@ -147,12 +148,16 @@ def main() -> None:
     fused16.decoder = "fused"
     fused32 = policy.sampling_copy()
     fused32.decoder = "fused"
+    policy.decoder = "fused"  # an int8 copy is made from a fused policy (rollout.dtype: int8 needs it)
+    fused8 = policy.sampling_copy("int8")
+    policy.decoder = "hf"
     print(f"SmolLM2-135M-Instruct, {args.threads} threads, vocab {policy.model.config.vocab_size}")
     wall_ratio, real_before, same = (float("nan"),) * 2 + (True,) if args.skip_a else part_a(policy, args.tokens_a, args.seed)
-    speedups, low = part_b(policy, bf16, fused32, fused16, args.tokens_b, args.repeats, args.seed)
+    speedups, low = part_b(policy, bf16, fused32, fused16, fused8, args.tokens_b, args.repeats, args.seed)
     mismatch = {name: part_c(policy, name, s) for name, s in low.items()}
     kl, max_delta = mismatch["bf16+compaction"]
-    print(f"sampler_speedup_bf16_fused={speedups['bf16 fused']:.2f} sampler_speedup_fp32_fused={speedups['fp32 fused']:.2f} "
+    print(f"sampler_speedup_int8_fused={speedups['int8 fused']:.2f} kl_int8_fused={mismatch['int8 fused'][0]:.2e} "
+          f"sampler_speedup_bf16_fused={speedups['bf16 fused']:.2f} sampler_speedup_fp32_fused={speedups['fp32 fused']:.2f} "
           f"kl_bf16_fused={mismatch['bf16 fused'][0]:.2e} kl_fp32_fused={mismatch['fp32 fused'][0]:.2e} "
           f"sampler_speedup_bf16={speedups['bf16+compaction']:.2f} "
           f"sampler_speedup_compaction={speedups['fp32+compaction']:.2f} kl_bf16={kl:.2e} "

@@ -81,3 +81,8 @@ def test_the_smollm2_lora_recipe_differs_from_smollm2_grpo_in_lora_its_lr_and_th
         "rollout.decoder"}
     lora = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "smollm2_grpo_lora.yaml")
     assert lora.rollout.decoder == "fused" and lora.optim.lr == 1e-4 and lora.model.lora.r == 16
+
+
+def test_the_smollm2_bf16_recipe_differs_from_smollm2_grpo_in_its_precisions_and_their_correction():
+    assert recipe_diff("smollm2_grpo_bf16", "smollm2_grpo") == {
+        "train.precision", "rollout.dtype", "rollout.decoder", "off_policy.name", "off_policy.level", "off_policy.cap"}

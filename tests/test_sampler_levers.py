@@ -196,5 +196,5 @@ def test_bfloat16_sampling_copy_is_close_to_float32_scoring():
     assert 0 < gap.max() < 5e-2 and gap.mean() < 5e-3, (float(gap.mean()), float(gap.max()))
     twin.set_weights(pol.weights())  # float32 weights cast into the bfloat16 copy
     assert all(p.dtype == torch.bfloat16 for p in twin.model.parameters())
-    with pytest.raises(ValueError, match="dtype"):
-        pol.sampling_copy("int8")
+    with pytest.raises(ValueError, match="dtype must be float32, bfloat16, float16 or int8, got 'float8'"):
+        pol.sampling_copy("float8")

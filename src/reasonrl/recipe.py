@@ -200,6 +200,8 @@ def _check_semantics(r: Recipe, where: str) -> None:
              "from text, which a rubric does not: set eval.n: 0")
     if r.env is not None:
         check_episodes(r, lambda cond, msg: need(cond, where, msg))
+    need(r.rollout.dtype != "int8" or r.rollout.decoder == "fused", where,
+         "rollout.dtype: int8 is the fused decode step over int8 weights: set rollout.decoder: fused")
     source = registered(registry.ROLLOUT_SOURCES, r.rollout.source, where, "rollout.source")
     source.check(r, lambda cond, msg: need(cond, where, msg))
     # A component whose meaning depends on another section says so with ``check_recipe``.

@@ -166,10 +166,12 @@ class RolloutConfig:
     max_episode_tokens: Annotated[int, Range(ge=0)] = 0
     """With an ``env``: the most completion tokens in one episode, the model's and the
     environment's together; 0: ``max_turns × max_new_tokens``."""
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    dtype: Literal["float32", "bfloat16", "float16", "int8"] | None = None
     """The sampler's own precision beside the learner's (e.g. a ``bfloat16`` sampler for an fp32
     learner); its behaviour log-probs are recorded, so ``off_policy`` can correct the mismatch.
-    null: sample with the learner's weights."""
+    ``int8`` (CPU, ``decoder: fused``): the fused step over int8 weights (one scale per output
+    row) with inputs quantised per call (fbgemm), requantised from the learner's weights at every
+    sampling call; the prefill stays in the model's dtype. null: sample with the learner's weights."""
     decoder: Literal["hf", "fused"] = "hf"
     """The sampler's decode step. ``hf``: transformers' forward, any causal LM. ``fused``: a
     Llama-family decode step over fused q/k/v and gate/up weights and a preallocated KV cache,

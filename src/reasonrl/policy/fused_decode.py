@@ -43,7 +43,17 @@ from torch import Tensor
 
 from reasonrl.policy.prefix import MIN_SHARED_PREFIX, cache_kw, cache_of, prompt_pass
 
-__all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused"]
+__all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused", "is_fused",
+           "FUSED_INT8"]
+
+# The decode step of a sampling copy made with ``rollout.dtype: int8`` (``HFPolicy.sampling_copy``):
+# the fused step over int8 weights. Not a ``rollout.decoder`` value; a policy's ``decoder`` holds it.
+FUSED_INT8 = "fused_int8"
+
+
+def is_fused(name: str) -> bool:
+    """Whether decoder ``name`` is the fused step (which draws by inverse CDF and keeps a float32 cache)."""
+    return name in ("fused", FUSED_INT8)
 
 
 class HFDecoder:
@@ -105,8 +115,11 @@ def require_fused(model) -> None:
 class FusedLlamaDecoder:
     """The Llama decode step over fused weights and a preallocated float32 KV cache."""
 
-    def __init__(self, model, min_prefix: int = MIN_SHARED_PREFIX) -> None:
+    def __init__(self, model, min_prefix: int = MIN_SHARED_PREFIX, int8: bool = False) -> None:
         require_fused(model)
+        if int8:
+            require_int8(model)
+        self.int8 = int8
         cfg = model.config
         self.model = model  # the prefill's forward: through the adapters of a PEFT model
         # The Llama modules the step reads (a PEFT model wraps them; its layers are still there).
@@ -122,15 +135,15 @@ class FusedLlamaDecoder:
     def reload(self) -> None:
         """Pack the model's current weights (copies: the model's own tensors are not touched),
         LoRA adapters merged in."""
-        w = _effective_weight
+        w, pack = _effective_weight, _pack_int8 if self.int8 else _pack
         with torch.no_grad():
             self.packed = []
             for layer in self.llama.model.layers:
                 a, m = layer.self_attn, layer.mlp
                 self.packed.append((
-                    _pack(torch.cat([w(a.q_proj), w(a.k_proj), w(a.v_proj)])), _pack(w(a.o_proj)),
-                    _pack(torch.cat([w(m.gate_proj), w(m.up_proj)])), _pack(w(m.down_proj))))
-            self.head = _pack(w(self.llama.lm_head))
+                    pack(torch.cat([w(a.q_proj), w(a.k_proj), w(a.v_proj)])), pack(w(a.o_proj)),
+                    pack(torch.cat([w(m.gate_proj), w(m.up_proj)])), pack(w(m.down_proj))))
+            self.head = pack(w(self.llama.lm_head))
 
     def prefill(self, ids: Tensor, mask: Tensor, g: int, max_new_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
         self.reload()
@@ -219,7 +232,38 @@ def _pack(weight: Tensor) -> Tensor:
     return weight.clone()
 
 
-def _linear(x: Tensor, weight: Tensor) -> Tensor:
+def require_int8(model) -> None:
+    """Raise a ``ConfigError`` naming why the int8 decode step cannot run ``model`` here."""
+    from reasonrl.params import ConfigError
+
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ConfigError(f"rollout.dtype: int8 runs torch's CPU int8 kernels (fbgemm), the model is on {device}; "
+                          "on a GPU sample in bfloat16 (rollout.dtype: bfloat16)")
+    engines = torch.backends.quantized.supported_engines
+    if not {"fbgemm", "x86"} & set(engines):
+        raise ConfigError(f"rollout.dtype: int8 needs torch's fbgemm/x86 int8 kernels, which this torch build lacks "
+                          f"(quantized engines: {engines}); use rollout.dtype: bfloat16")
+
+
+def _pack_int8(weight: Tensor):
+    """``weight`` ``[out, in]`` as symmetric int8 with one scale per output row (round to nearest,
+    scale = max|w_row| / 127), prepacked for fbgemm's dynamic int8 product, which quantises each
+    input to 8 bits per call (one scale per call) and accumulates in int32. At batch 8 the
+    products read a quarter of float32's bytes (SmolLM2 on this CPU: a decode step 2.3× faster;
+    quantising and packing the whole model takes ~0.5 s a sampling call). Another sampler than
+    the learner: k3 KL ~1e-2 per token on SmolLM2 (``benchmarks/sampler_levers.py``), recorded in
+    the behaviour log-probs for ``off_policy`` to correct. Full-range activations
+    (``reduce_range`` off): the 7-bit range fbgemm offers against overflow on AVX2 tripled the KL."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(1).clamp_min(1e-12) / 127).double()
+    q = torch.quantize_per_channel(w, scale, torch.zeros(len(scale), dtype=torch.long), 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(q, None)
+
+
+def _linear(x: Tensor, weight) -> Tensor:
+    if isinstance(weight, torch.ScriptObject):  # int8, prepacked (_pack_int8)
+        return torch.ops.quantized.linear_dynamic(x.float().contiguous(), weight, False).to(x.dtype)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
     return F.linear(x, weight)
@@ -234,6 +278,6 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def make_decoder(model, name: str, min_prefix: int = MIN_SHARED_PREFIX):
     if name == "hf":
         return HFDecoder(model, min_prefix)
-    if name == "fused":
-        return FusedLlamaDecoder(model, min_prefix)
-    raise ValueError(f"unknown decoder {name!r}: expected 'hf' or 'fused'")
+    if is_fused(name):
+        return FusedLlamaDecoder(model, min_prefix, int8=name == FUSED_INT8)
+    raise ValueError(f"unknown decoder {name!r}: expected 'hf', 'fused' or '{FUSED_INT8}'")

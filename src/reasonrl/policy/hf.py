@@ -28,6 +28,7 @@ from reasonrl.algos.masked import group_first_rows, group_inverse
 from reasonrl.policy.prefix import (MIN_SHARED_PREFIX, cache_kw, completion_lengths, fork_cache, length_buckets as length_buckets_of,
                                     prompt_pass)
 from reasonrl.policy.sampling import Samples, cut_at_stop, position_ids_from_mask, sample_completions
+from reasonrl.policy.fused_decode import FUSED_INT8, is_fused, require_int8
 
 __all__ = ["HFPolicy", "Samples", "cut_at_stop", "position_ids_from_mask", "token_logprobs_and_entropy"]
 
@@ -175,7 +176,7 @@ class HFPolicy:
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         # The fused decoder keeps its cache in float32 whatever the model's dtype.
-        width = 4 if self.decoder == "fused" else next(self.model.parameters()).element_size()
+        width = 4 if is_fused(self.decoder) else next(self.model.parameters()).element_size()
         kv = 2 * layers * kv_heads * head_dim * width * length
         logits = 3 * 4 * cfg.vocab_size
         return rows * (kv + logits)
@@ -420,10 +421,21 @@ class HFPolicy:
         """A separate policy for sampling beside this (learner) one: a deep copy of the model,
         optionally cast to ``dtype`` (e.g. ``"bfloat16"``), in eval mode (sampling runs under no_grad),
         sharing this policy's tokenizer object. Keep it current with
-        ``copy.set_weights(learner.weights())``."""
+        ``copy.set_weights(learner.weights())``.
+
+        ``"int8"``: the copy keeps the learner's dtype (its prefill is transformers' forward) and
+        decodes with the fused step over int8 weights, requantised from its current weights at
+        every sampling call (``fused_decode._pack_int8``); it needs ``decoder`` ``fused``."""
+        int8 = dtype == "int8"
+        if int8:
+            if self.decoder != "fused":
+                raise ValueError(f"an int8 sampling copy decodes with the fused step; this policy's decoder is "
+                                 f"{self.decoder!r}")
+            require_int8(self.model)
+            dtype = None
         if isinstance(dtype, str):
             if dtype not in ("float32", "bfloat16", "float16"):
-                raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+                raise ValueError(f"dtype must be float32, bfloat16, float16 or int8, got {dtype!r}")
             dtype = getattr(torch, dtype)
         model = copy.deepcopy(self.model)
         if dtype is not None:
@@ -434,7 +446,7 @@ class HFPolicy:
         model.eval()
         twin = HFPolicy(model, self.tokenizer, self.device)
         twin.chat_template = self.chat_template
-        twin.decoder = self.decoder
+        twin.decoder = FUSED_INT8 if int8 else self.decoder
         twin.bucket_overhead, twin.min_shared_prefix = self.bucket_overhead, self.min_shared_prefix
         twin.autocast = None if dtype is not None else self.autocast  # a cast copy computes in its own dtype
         return twin

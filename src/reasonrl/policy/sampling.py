@@ -111,12 +111,12 @@ def sample_completions(
     See ``HFPolicy.sample`` for the ending rules, ``refresh``, ``interrupt``, ``compact`` and
     ``decoder``; ``min_prefix``: the fewest common leading tokens the prefill runs once
     (``reasonrl.policy.prefix``; None: its default)."""
-    from reasonrl.policy.fused_decode import make_decoder
+    from reasonrl.policy.fused_decode import is_fused, make_decoder
 
     eos, pad, device = tokenizer.eos_token_id, tokenizer.pad_token_id, ids.device
     prompt_ids, prompt_mask = ids, mask
     dec = make_decoder(model, decoder) if min_prefix is None else make_decoder(model, decoder, min_prefix)
-    draw = _draw_inverse_cdf if decoder == "fused" else _draw_multinomial
+    draw = _draw_inverse_cdf if is_fused(decoder) else _draw_multinomial
     version = int(refresh()) if refresh is not None else 0
     g = num_generations
     # The decode steps continue the prefill's layout (its mask; each prompt's last position).
