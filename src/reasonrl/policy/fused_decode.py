@@ -252,8 +252,8 @@ def _pack_int8(weight: Tensor):
     input to 8 bits per call (one scale per call) and accumulates in int32. At batch 8 the
     products read a quarter of float32's bytes (SmolLM2 on this CPU: a decode step 2.3× faster;
     quantising and packing the whole model takes ~0.5 s a sampling call). Another sampler than
-    the learner: k3 KL ~1e-2 per token on SmolLM2 (``benchmarks/sampler_levers.py``), recorded in
-    the behaviour log-probs for ``off_policy`` to correct. Full-range activations
+    the learner: k3 KL 4.5e-2 per token on SmolLM2's batch-8 samples (``benchmarks/sampler_levers.py``;
+    a bf16 copy: 1.5e-3), recorded in the behaviour log-probs for ``off_policy`` to correct. Full-range activations
     (``reduce_range`` off): the 7-bit range fbgemm offers against overflow on AVX2 tripled the KL."""
     w = weight.detach().float()
     scale = (w.abs().amax(1).clamp_min(1e-12) / 127).double()
