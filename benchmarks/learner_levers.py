@@ -126,15 +126,15 @@ def main(argv=None) -> None:
     # PEFT starts B at 0, so its log-probs equal the plain model's until it trains.
     lora_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                                                  target_modules="all-linear"))
-    models = {False: model, True: lora_model, "bf16": None}
-
-    # Sampler arms: the same prompts, each decoder's own random stream.
-    sampler_arms = {"hf": ("hf", NO_PREFIX, False), "hf_prefix": ("hf", policy.min_shared_prefix, False),
-                    "fused_prefix": ("fused", policy.min_shared_prefix, False),
-                    "fused_prefix_lora": ("fused", policy.min_shared_prefix, True),
-                    "fused_prefix_bf16": ("fused", policy.min_shared_prefix, "bf16")}
+    models = {False: model, True: lora_model}
     bf16_sampler = policy.sampling_copy("bfloat16")  # rollout.dtype: bfloat16 (its own cast copy)
-    bf16_sampler.decoder = "fused"
+
+    # Sampler arms: the same prompts, each decoder's own random stream; (the policy that samples,
+    # its decoder, its shared-prefix threshold, the model it samples with).
+    sampler_arms = {"hf": (policy, "hf", NO_PREFIX, model), "hf_prefix": (policy, "hf", policy.min_shared_prefix, model),
+                    "fused_prefix": (policy, "fused", policy.min_shared_prefix, model),
+                    "fused_prefix_lora": (policy, "fused", policy.min_shared_prefix, lora_model),
+                    "fused_prefix_bf16": (bf16_sampler, "fused", policy.min_shared_prefix, bf16_sampler.model)}
     default_prefix = policy.min_shared_prefix
     sampler: dict[str, list[float]] = {k: [] for k in sampler_arms}
     tokens: dict[str, list[int]] = {k: [] for k in sampler_arms}
@@ -142,9 +142,8 @@ def main(argv=None) -> None:
     snames = list(sampler_arms)
     for r in range(args.repeats):
         for name in snames[r % len(snames):] + snames[:r % len(snames)]:
-            policy.decoder, policy.min_shared_prefix, lora = sampler_arms[name]
-            policy.model = models[lora] or model
-            sampler_policy = bf16_sampler if lora == "bf16" else policy
+            sampler_policy, decoder, prefix, sampler_model = sampler_arms[name]
+            sampler_policy.decoder, sampler_policy.min_shared_prefix, sampler_policy.model = decoder, prefix, sampler_model
             gen = torch.Generator().manual_seed(args.seed * 100 + r)
             t0 = time.perf_counter()
             s = sampler_policy.sample(prompts, 8, 16, 1.0, gen, stop=["\n"])
