@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError
 
 from reasonrl.params import ConfigError
+from reasonrl.policy.hf import HFPolicy
 from reasonrl.train import checkpoint as ckpt
 from reasonrl.train.trainer import Trainer
 
@@ -192,3 +193,36 @@ def test_cli_reports_a_full_disk_in_one_line_exit_1_and_the_run_resumes(tmp_path
     monkeypatch.setattr(ckpt, "save_state", real)
     assert main(["train", "--resume", str(run)]) == 0
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+def test_a_failed_final_model_write_leaves_no_half_folder_and_resume_writes_it(tmp_path, monkeypatch, capsys):
+    """final_model/ is written like a checkpoint: atomically, a full disk named in one line (exit 1),
+    and `--resume` of the finished run writes it again from the last checkpoint."""
+    import yaml
+
+    from reasonrl.cli import main
+
+    recipe, run = tmp_path / "r.yaml", tmp_path / "run"
+    recipe.write_text(yaml.safe_dump({"model": {"backend": "tiny", "tiny": dict(MINI_TINY)},
+                                      "rollout": {"num_generations": 4, "max_new_tokens": 16},
+                                      "train": {"steps": 2, "prompts_per_step": 2, "checkpoint_every": 1},
+                                      "eval": {"size": 2}, "log": {"plots": False, "progress": False}}))
+    real = HFPolicy.save
+
+    def disk_full_outside_checkpoints(self, path):
+        real(self, path)
+        if "checkpoints" not in Path(path).parts:
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(HFPolicy, "save", disk_full_outside_checkpoints)
+    assert main(["train", str(recipe), "-o", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"reasonrl: error: could not write final_model in {run}: no space left on device (" in err
+    assert f"the last complete checkpoint, step_000002, is intact: free space, then `reasonrl train --resume {run}`" in err
+    assert "Traceback" not in err
+    assert not (run / "final_model").exists() and not list(run.glob(".tmp-*"))  # nothing half-written
+    assert not (run / "summary.json").exists()
+    monkeypatch.setattr(HFPolicy, "save", real)
+    assert main(["train", "--resume", str(run)]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert {"config.json", "model.safetensors"} <= {p.name for p in (run / "final_model").iterdir()}

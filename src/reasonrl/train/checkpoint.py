@@ -26,6 +26,8 @@ import random
 import re
 import shutil
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,7 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
 
 
 MODEL_DIR = "model"
+FINAL_MODEL = "final_model"  # a finished run's model folder (policy.loading reads it)
 
 
 def _write_failure(exc: BaseException) -> str | None:
@@ -77,6 +80,24 @@ def _write_failure(exc: BaseException) -> str | None:
     return None
 
 
+@contextmanager
+def _named_write_failure(what: str, folder: Path, run_dir: Path) -> Iterator[None]:
+    """Turn a failed write of ``what`` inside the block into a :class:`CheckpointWriteError`: one
+    line with the reason, the free space and how to go on from the last complete checkpoint. Any
+    other error passes through (a bug keeps its traceback)."""
+    try:
+        yield
+    except Exception as exc:
+        reason = _write_failure(exc)
+        if reason is None:
+            raise
+        free = shutil.disk_usage(folder).free / 2**20
+        last = list_checkpoints(run_dir)
+        after = (f"the last complete checkpoint, {last[-1].name}, is intact: free space, then "
+                 f"`reasonrl train --resume {run_dir}`" if last else "no earlier checkpoint exists")
+        raise CheckpointWriteError(f"could not write {what} in {folder}: {reason} ({free:.0f} MiB free); {after}") from exc
+
+
 def save_checkpoint(run_dir: Path, step: int, policy, state: dict[str, Any], keep: int, learner=None) -> Path:
     """Write ``checkpoints/step_<step>`` atomically: the policy's weights, ``state`` and what
     the ``learner`` keeps apart from it (a sharded learner's ``learner/`` folder, written by
@@ -85,24 +106,26 @@ def save_checkpoint(run_dir: Path, step: int, policy, state: dict[str, Any], kee
     A write that fails (a full disk) raises :class:`CheckpointWriteError`, which the CLI reports in
     one line with the free space and the resume command, instead of a writer library's traceback."""
     final = run_dir / "checkpoints" / f"step_{step:06d}"
-    try:
-        with atomic_directory(final, overwrite=True) as tmp:
-            policy.save(tmp / MODEL_DIR)
-            if learner is not None:
-                learner.save(tmp)
-            save_state(tmp / STATE_FILE, state)
-    except Exception as exc:
-        reason = _write_failure(exc)
-        if reason is None:
-            raise
-        free = shutil.disk_usage(final.parent).free / 2**20
-        last = list_checkpoints(run_dir)
-        after = (f"the last complete checkpoint, {last[-1].name}, is intact: free space, then "
-                 f"`reasonrl train --resume {run_dir}`" if last else "no earlier checkpoint exists")
-        raise CheckpointWriteError(f"could not write the checkpoint of step {step} in {final.parent}: {reason} "
-                                   f"({free:.0f} MiB free); {after}") from exc
+    with _named_write_failure(f"the checkpoint of step {step}", final.parent, run_dir), \
+            atomic_directory(final, overwrite=True) as tmp:
+        policy.save(tmp / MODEL_DIR)
+        if learner is not None:
+            learner.save(tmp)
+        save_state(tmp / STATE_FILE, state)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def save_final_model(run_dir: Path, policy, merged: Callable[[Path], None] | None = None) -> Path:
+    """Write ``final_model/`` atomically (a folder that exists is complete), with ``merged(path)``
+    writing what goes inside it (LoRA's ``merged/``). A failed write is reported as a checkpoint's
+    is: the last checkpoint holds the same weights, and ``--resume`` writes the folder again."""
+    final = run_dir / FINAL_MODEL
+    with _named_write_failure(FINAL_MODEL, run_dir, run_dir), atomic_directory(final, overwrite=True) as tmp:
+        policy.save(tmp)
+        if merged is not None:
+            merged(tmp / "merged")
     return final
 
 

@@ -261,11 +261,13 @@ class Trainer:
             writer.close()
             self.samples.close()
             self.close()
-        self.policy.save(self.run_dir / "final_model")
+        merged = None
         if r.model.lora is not None and r.model.save_merged:
             from reasonrl.policy.lora import save_merged
 
-            save_merged(self.policy.model, self.policy.tokenizer, self.run_dir / "final_model" / "merged")
+            def merged(path: Path) -> None:
+                save_merged(self.policy.model, self.policy.tokenizer, path)
+        ckpt.save_final_model(self.run_dir, self.policy, merged)
         summary = self._summary(final_eval, wall_before + time.perf_counter() - started)
         if r.log.plots:
             from reasonrl.evaluate.plots import write_plots
