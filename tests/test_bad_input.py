@@ -54,3 +54,16 @@ def test_eval_of_a_missing_model_exits_2(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "model /nonexistent: no such folder" in out.stderr and "not a hub id" in out.stderr
     assert not (tmp_path / "e.json").exists()
+
+
+def test_a_missing_folder_under_a_local_folder_is_named_not_fetched_from_the_hub(tmp_path, monkeypatch):
+    """'runs/x' also fits the hub's 'org/name'; with a local runs/ it is a mistyped folder."""
+    from reasonrl.policy.loading import resolve_model_path
+
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"^model runs/teacher: no such folder \(.*runs/teacher\); runs is "
+                                                 r"a local folder, so it is not read as a hub id$"):
+        resolve_model_path("runs/teacher", None, "float32", str(tmp_path / "cache"))
+    assert resolve_model_path("HuggingFaceTB/SmolLM2-135M", None, "float32", str(tmp_path / "cache")) == \
+        "HuggingFaceTB/SmolLM2-135M"  # no such local folder: a hub id, left to the loader

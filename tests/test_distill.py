@@ -154,9 +154,13 @@ def test_pure_distillation_moves_the_student_toward_the_teacher(tmp_path):
                     loss={"policy": "none"}, optim={"lr": 3e-3, "warmup_steps": 0},
                     train={"steps": 8}, eval={"size": 0})
     Trainer(r, tmp_path / "run", log=lambda m: None).run()
-    kl = [row["opd/reverse_kl"] for row in read_metrics(tmp_path / "run") if "opd/reverse_kl" in row]
+    rows = [row for row in read_metrics(tmp_path / "run") if "opd/reverse_kl" in row]
+    kl = [row["opd/reverse_kl"] for row in rows]
     assert len(kl) == 8
     assert sum(kl[-3:]) / 3 < 0.8 * sum(kl[:3]) / 3, kl
+    # No policy term: `loss` is 0 and the objective actually trained on is logged as `loss/total`.
+    assert all(row["loss"] == 0.0 and row["loss/total"] > 0 for row in rows)
+    assert sum(r["loss/total"] for r in rows[-3:]) < sum(r["loss/total"] for r in rows[:3])
 
 
 def test_opd_resumes_exactly(tmp_path, monkeypatch):

@@ -196,6 +196,9 @@ def test_logged_statistics_are_means_over_trained_tokens_and_optimiser_steps():
                 sums[k] = sums.get(k, 0.0) + v
     out = reduce_stats(sums, optimizer_steps=2)
     assert out["loss"] == pytest.approx(float(policy_loss), rel=1e-5)  # per optimiser step
+    whole, _, _ = loss_and_grad(policy, batch, config, tot)  # loss/total: the objective with KL and entropy
+    assert out["loss/total"] == pytest.approx(float(whole), rel=1e-5)
+    assert abs(out["loss/total"] - out["loss"]) > 1e-3
     h = entropy_of(policy, batch)
     assert out["entropy"] == pytest.approx(float((h * m).sum() / m.sum()), rel=1e-5)
     kl = k3_by_hand(logp_of(policy, batch).detach(), batch.ref_logprobs)

@@ -80,9 +80,17 @@ def resolve_model_path(path: str, gguf_file: str | None, dtype: str, cache_dir: 
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF file not found: {gguf}")
         return str(materialise_gguf(gguf, cache / f"gguf-{gguf.stem}-{dtype}", DTYPES[dtype], log))
-    if not Path(path).exists() and not HUB_ID.match(path):
-        raise FileNotFoundError(f"model {path}: no such folder ({Path(path).expanduser().resolve()}), and it is "
-                                "not a hub id either (those look like 'org/name')")
+    local = Path(path).expanduser()
+    if not local.exists():
+        where = local.resolve()
+        if not HUB_ID.match(path):
+            raise FileNotFoundError(f"model {path}: no such folder ({where}), and it is "
+                                    "not a hub id either (those look like 'org/name')")
+        if local.parent != Path(".") and local.parent.is_dir():
+            # 'runs/x' fits the hub's 'org/name' too, but a local runs/ says a folder was meant
+            # (a mistyped run or teacher folder): name it rather than report a failed download.
+            raise FileNotFoundError(f"model {path}: no such folder ({where}); {local.parent} is a local folder, "
+                                    "so it is not read as a hub id")
     return path
 
 

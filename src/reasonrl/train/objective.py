@@ -3,7 +3,7 @@
 Every term is aggregated with the totals of the whole mini-batch (tokens and
 sequences), so summing micro-batch losses gives exactly the mini-batch loss
 whatever the split. Statistics come back as sums (``token/<name>`` summed over
-tokens, ``loss`` over optimiser steps) and :func:`reduce_stats` turns the sums of
+tokens, ``loss`` and ``loss_total`` over optimiser steps) and :func:`reduce_stats` turns the sums of
 a whole training step into the logged means; the policy loss names its own
 per-token statistics (``PolicyLossOutput.token_metrics``).
 
@@ -164,14 +164,18 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
             extra, term_stats = term(inputs)
             loss = loss + extra
             stats.update(term_stats)
+    stats["loss_total"] = float(loss.detach())
     stats.update({TOKEN + k: float(masked_sum(v.detach(), mask)) for k, v in per_token.items()})
     return loss, stats
 
 
 def reduce_stats(sums: dict[str, float], optimizer_steps: int) -> dict[str, float]:
-    """Token-summed statistics → token means; the summed policy loss → its mean per optimiser step."""
+    """Token-summed statistics → token means; the summed losses → their means per optimiser step:
+    ``loss`` the policy term, ``loss/total`` the whole objective back-propagated (policy, KL,
+    entropy and the methods' terms: a pure distillation run's ``loss`` is 0, its ``loss/total`` not)."""
     tokens = max(sums.get("tokens", 0.0), 1.0)
-    out = {"loss": sums.get("loss", 0.0) / max(optimizer_steps, 1)}
+    steps = max(optimizer_steps, 1)
+    out = {"loss": sums.get("loss", 0.0) / steps, "loss/total": sums.get("loss_total", 0.0) / steps}
     out.update({k[len(TOKEN):]: v / tokens for k, v in sums.items() if k.startswith(TOKEN)})
     return out
 
