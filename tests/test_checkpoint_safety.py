@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors import SafetensorError
 
+from reasonrl.cli import main
 from reasonrl.params import ConfigError
 from reasonrl.policy.hf import HFPolicy
 from reasonrl.train import checkpoint as ckpt
@@ -165,16 +167,18 @@ def test_an_error_that_is_not_a_write_failure_passes_through(tmp_path):
     assert list((tmp_path / "checkpoints").iterdir()) == []
 
 
-def test_cli_reports_a_full_disk_in_one_line_exit_1_and_the_run_resumes(tmp_path, monkeypatch, capsys):
-    import yaml
-
-    from reasonrl.cli import main
-
-    recipe, run = tmp_path / "r.yaml", tmp_path / "run"
+def _two_step_recipe(tmp_path: Path) -> Path:
+    """A 2-step tiny run that checkpoints every step, written as a recipe file for the CLI."""
+    recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({"model": {"backend": "tiny", "tiny": dict(MINI_TINY)},
                                       "rollout": {"num_generations": 4, "max_new_tokens": 16},
                                       "train": {"steps": 2, "prompts_per_step": 2, "checkpoint_every": 1},
                                       "eval": {"size": 2}, "log": {"plots": False, "progress": False}}))
+    return recipe
+
+
+def test_cli_reports_a_full_disk_in_one_line_exit_1_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    recipe, run = _two_step_recipe(tmp_path), tmp_path / "run"
     real = ckpt.save_state
 
     def disk_full_at_step_2(path, state):
@@ -198,15 +202,7 @@ def test_cli_reports_a_full_disk_in_one_line_exit_1_and_the_run_resumes(tmp_path
 def test_a_failed_final_model_write_leaves_no_half_folder_and_resume_writes_it(tmp_path, monkeypatch, capsys):
     """final_model/ is written like a checkpoint: atomically, a full disk named in one line (exit 1),
     and `--resume` of the finished run writes it again from the last checkpoint."""
-    import yaml
-
-    from reasonrl.cli import main
-
-    recipe, run = tmp_path / "r.yaml", tmp_path / "run"
-    recipe.write_text(yaml.safe_dump({"model": {"backend": "tiny", "tiny": dict(MINI_TINY)},
-                                      "rollout": {"num_generations": 4, "max_new_tokens": 16},
-                                      "train": {"steps": 2, "prompts_per_step": 2, "checkpoint_every": 1},
-                                      "eval": {"size": 2}, "log": {"plots": False, "progress": False}}))
+    recipe, run = _two_step_recipe(tmp_path), tmp_path / "run"
     real = HFPolicy.save
 
     def disk_full_outside_checkpoints(self, path):
