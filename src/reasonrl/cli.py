@@ -23,10 +23,6 @@ from reasonrl.recipe import load_recipe, recipe_from_dict
 from reasonrl.fsutil import CheckpointWriteError, atomic_write_text
 from reasonrl.registry import UnknownNameError, load_components
 
-"""The only recipe keys ``--set`` may change on ``train --resume``: a longer (or shorter) run
-of the same recipe; any other change makes a different run, which starts in a folder of its own."""
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from reasonrl.hooks import method_specs
     from reasonrl.train.fsdp import check_shardable

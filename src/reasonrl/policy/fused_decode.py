@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from reasonrl.params import ConfigError
 from reasonrl.policy.prefix import MIN_SHARED_PREFIX, cache_kw, cache_of, prompt_pass
 
 __all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused", "is_fused",
@@ -107,8 +108,6 @@ def require_fused(model) -> None:
     """Raise a ``ConfigError`` (the CLI exits 2) naming why ``model`` cannot use the fused decoder."""
     why = fused_unsupported(model)
     if why:
-        from reasonrl.params import ConfigError
-
         raise ConfigError(f"rollout.decoder is 'fused' but {why}; use rollout.decoder: hf")
 
 
@@ -234,8 +233,6 @@ def _pack(weight: Tensor) -> Tensor:
 
 def require_int8(model) -> None:
     """Raise a ``ConfigError`` naming why the int8 decode step cannot run ``model`` here."""
-    from reasonrl.params import ConfigError
-
     device = next(model.parameters()).device
     if device.type != "cpu":
         raise ConfigError(f"rollout.dtype: int8 runs torch's CPU int8 kernels (fbgemm), the model is on {device}; "
