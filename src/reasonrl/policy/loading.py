@@ -95,6 +95,8 @@ def resolve_model_path(path: str, gguf_file: str | None, dtype: str, cache_dir: 
 
 
 # What the hub client accepts as a repo id: 'name' or 'org/name' of letters, digits, '-', '_', '.'.
+FINAL_MODEL = "final_model"  # a finished run's model folder: train.checkpoint writes it, model_folder reads it
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -119,8 +121,8 @@ def load_hf_policy(path: str | Path, *, gguf_file: str | None = None, dtype: str
 def model_folder(path: Path) -> Path:
     """The model folder a run folder (its ``final_model``) or a checkpoint folder
     (``checkpoints/step_N``: its ``model/``) stands for; any other path as it is."""
-    if (path / "final_model").is_dir():
-        return path / "final_model"
+    if (path / FINAL_MODEL).is_dir():
+        return path / FINAL_MODEL
     if (path / "model").is_dir() and (path / "state.pt").is_file():
         return path / "model"
     return path

@@ -36,6 +36,7 @@ import torch
 
 from reasonrl.fsutil import CheckpointWriteError, atomic_directory, atomic_torch_save
 from reasonrl.params import ConfigError
+from reasonrl.policy.loading import FINAL_MODEL
 
 STATE_FILE = "state.pt"
 
@@ -61,7 +62,6 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
 
 
 MODEL_DIR = "model"
-FINAL_MODEL = "final_model"  # a finished run's model folder (policy.loading reads it)
 
 
 def _write_failure(exc: BaseException) -> str | None:
