@@ -13,9 +13,12 @@ records=docs/reports/records
 mkdir -p "$out" "$records"
 R=.venv/bin/reasonrl
 
-train() {  # train RECIPE SEED: runs/m-RECIPE-sSEED, archived when it finishes
+train() {  # train RECIPE SEED [weights]: runs/m-RECIPE-sSEED, archived when it finishes;
+           # "weights": the final model is needed too, so a record alone does not skip the run
   local recipe=$1 seed=$2 name=m-$1-s$2
-  if [ -f "$records/$name/summary.json" ]; then echo "skip $name (recorded)"; return 0; fi
+  if [ -f "$records/$name/summary.json" ] && { [ "${3:-}" != weights ] || [ -d "$out/$name/final_model" ]; }; then
+    echo "skip $name (recorded)"; return 0
+  fi
   local resume=()
   if [ -d "$out/$name/checkpoints" ]; then resume=(--resume); elif [ ! -f "$out/$name/summary.json" ]; then rm -rf "${out:?}/$name"; fi
   if [ ! -f "$out/$name/summary.json" ]; then
@@ -50,19 +53,12 @@ for s in 1 2 3; do
 done
 if [[ $sets == *" opd "* || $sets == *" all "* ]]; then
   # GRPO's seed 1 is the teacher (recipes/opd_smollm2.yaml reads runs/smollm2-teacher/final_model);
-  # a record has no weights, so when the folder is gone the teacher is trained again (compare
-  # its summary.json with the record: a different machine can end a few points elsewhere).
-  for s in 1 2 3; do train smollm2_grpo $s; done
-  if [ ! -d "$out/smollm2-teacher/final_model" ]; then
-    if [ ! -d "$out/m-smollm2_grpo-s1/final_model" ]; then
-      echo "$(date +%T) train the teacher again (runs/m-smollm2_grpo-s1)"
-      rm -rf "${out:?}/m-smollm2_grpo-s1"
-      $R train recipes/smollm2_grpo.yaml --set train.seed=1 -o "$out/m-smollm2_grpo-s1" \
-        > "$out/m-smollm2_grpo-s1.log" 2>&1 || { echo "FAILED teacher"; exit 1; }
-      rm -rf "${out:?}/m-smollm2_grpo-s1/checkpoints"
-    fi
-    ln -sfn m-smollm2_grpo-s1 "$out/smollm2-teacher"
-  fi
+  # a record has no weights, so when the folder is gone the teacher is trained again (on this
+  # machine it reproduces the record exactly; another machine can end a few points elsewhere).
+  # A teacher folder linked there by hand is kept.
+  if [ -d "$out/smollm2-teacher/final_model" ]; then train smollm2_grpo 1
+  else train smollm2_grpo 1 weights && ln -sfn m-smollm2_grpo-s1 "$out/smollm2-teacher" || exit 1; fi
+  for s in 2 3; do train smollm2_grpo $s; done
   for s in 1 2 3; do train opd_smollm2 $s; train ts_opd_smollm2 $s; done
 fi
 if [[ $sets == *" aural "* || $sets == *" all "* ]]; then
