@@ -94,9 +94,9 @@ def resolve_model_path(path: str, gguf_file: str | None, dtype: str, cache_dir: 
     return path
 
 
-# What the hub client accepts as a repo id: 'name' or 'org/name' of letters, digits, '-', '_', '.'.
 FINAL_MODEL = "final_model"  # a finished run's model folder: train.checkpoint writes it, model_folder reads it
 
+# What the hub client accepts as a repo id: 'name' or 'org/name' of letters, digits, '-', '_', '.'.
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
