@@ -31,23 +31,34 @@ train() {  # train RECIPE SEED [weights]: runs/m-RECIPE-sSEED, archived when it 
   cp "$out/$name"/{metrics.jsonl,summary.json,recipe.json} "$records/$name/"
 }
 
-ood() {  # ood NAME: the multi-step task as RL-ARC's out-of-distribution test, archived beside the run
-  local name=$1
-  if [ -f "$records/$name/eval_ood.json" ]; then return 0; fi
-  [ -d "$out/$name/final_model" ] || { echo "no final model for $name: train it again to evaluate it"; return 1; }
-  echo "$(date +%T) eval_ood $name"
-  $R eval --model "$out/$name" --recipe recipes/smollm2_multistep.yaml --n 8 --k 8 --size 200 \
-    -o "$out/$name/eval_ood.json" > "$out/$name.ood.log" 2>&1 || { echo "FAILED ood $name"; return 1; }
+evaluate() {  # evaluate NAME RECIPE FILE [MODEL]: `reasonrl eval` (8 samples and greedy on 200 held-out
+              # questions of RECIPE's task) of run NAME's final model (or MODEL), archived as FILE
+  local name=$1 recipe=$2 file=$3 model=${4:-$out/$1}
+  if [ -f "$records/$name/$file" ]; then return 0; fi
+  [ -n "${4:-}" ] || [ -d "$out/$name/final_model" ] || { echo "no final model for $name: train it again to evaluate it"; return 1; }
+  echo "$(date +%T) eval $name -> $file"
+  mkdir -p "$out/$name" "$records/$name"
+  $R eval --model "$model" --recipe "recipes/$recipe.yaml" --n 8 --k 8 --size 200 \
+    -o "$out/$name/$file" > "$out/$name.${file%.json}.log" 2>&1 || { echo "FAILED eval $name"; return 1; }
   # the record keeps the metrics, not the 1,600 per-sample rows (~0.3 MB)
   .venv/bin/python -c 'import json, sys; d = json.load(open(sys.argv[1])); [r.pop("per_problem", None) for r in d.values()]; json.dump(d, open(sys.argv[2], "w"), indent=1)' \
-    "$out/$name/eval_ood.json" "$records/$name/eval_ood.json"
+    "$out/$name/$file" "$records/$name/$file"
+}
+
+weights_for() {  # weights_for NAME FILE: "weights" when NAME still needs evaluating into FILE, so that
+                 # train keeps (or trains again) its final model even where a record exists
+  [ -f "$records/$1/$2" ] || echo weights
+}
+
+ood() {  # ood NAME: the multi-step task as RL-ARC's out-of-distribution test
+  evaluate "$1" smollm2_multistep eval_ood.json
 }
 
 sets=" ${*:-all} "
 for s in 1 2 3; do
   if [[ $sets == *" rl_arc "* || $sets == *" all "* ]]; then
     for r in rl_arc_gym_smollm2 rl_arc_gym_smollm2_scale_only; do
-      train $r $s && ood m-$r-s$s
+      train $r $s "$(weights_for m-$r-s$s eval_ood.json)" && ood m-$r-s$s
     done
   fi
 done
@@ -58,8 +69,13 @@ if [[ $sets == *" opd "* || $sets == *" all "* ]]; then
   # A teacher folder linked there by hand is kept.
   if [ -d "$out/smollm2-teacher/final_model" ]; then train smollm2_grpo 1
   else train smollm2_grpo 1 weights && ln -sfn m-smollm2_grpo-s1 "$out/smollm2-teacher" || exit 1; fi
-  for s in 2 3; do train smollm2_grpo $s; done
-  for s in 1 2 3; do train opd_smollm2 $s; train ts_opd_smollm2 $s; done
+  for s in 2 3; do train smollm2_grpo $s "$(weights_for m-smollm2_grpo-s$s eval_pass8.json)"; done
+  for s in 1 2 3; do for r in opd_smollm2 ts_opd_smollm2; do
+    train $r $s "$(weights_for m-$r-s$s eval_pass8.json)"; done; done
+  # pass@k (TS-OPD's entropy brake is there to keep it): each final model and the base model
+  evaluate smollm2_base smollm2_grpo eval_pass8.json smollm2-135m
+  for s in 1 2 3; do for r in smollm2_grpo opd_smollm2 ts_opd_smollm2; do
+    evaluate m-$r-s$s smollm2_grpo eval_pass8.json; done; done
 fi
 if [[ $sets == *" aural "* || $sets == *" all "* ]]; then
   for s in 1 2 3; do train smollm2_multistep $s; train aural_smollm2 $s; done
