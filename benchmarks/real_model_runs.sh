@@ -45,20 +45,18 @@ evaluate() {  # evaluate NAME RECIPE FILE [MODEL]: `reasonrl eval` (8 samples an
     "$out/$name/$file" "$records/$name/$file"
 }
 
-weights_for() {  # weights_for NAME FILE: "weights" when NAME still needs evaluating into FILE, so that
-                 # train keeps (or trains again) its final model even where a record exists
-  [ -f "$records/$1/$2" ] || echo weights
-}
-
-ood() {  # ood NAME: the multi-step task as RL-ARC's out-of-distribution test
-  evaluate "$1" smollm2_multistep eval_ood.json
+train_eval() {  # train_eval RECIPE SEED EVAL_RECIPE FILE: train run m-RECIPE-sSEED, keeping (or training
+                # again) its final model while FILE is not yet recorded, then evaluate it into FILE
+  local name=m-$1-s$2 keep=
+  [ -f "$records/$name/$4" ] || keep=weights
+  train "$1" "$2" $keep && evaluate "$name" "$3" "$4"
 }
 
 sets=" ${*:-all} "
 for s in 1 2 3; do
   if [[ $sets == *" rl_arc "* || $sets == *" all "* ]]; then
     for r in rl_arc_gym_smollm2 rl_arc_gym_smollm2_scale_only; do
-      train $r $s "$(weights_for m-$r-s$s eval_ood.json)" && ood m-$r-s$s
+      train_eval $r $s smollm2_multistep eval_ood.json  # the multi-step task: RL-ARC's out-of-distribution test
     done
   fi
 done
@@ -67,15 +65,13 @@ if [[ $sets == *" opd "* || $sets == *" all "* ]]; then
   # a record has no weights, so when the folder is gone the teacher is trained again (on this
   # machine it reproduces the record exactly; another machine can end a few points elsewhere).
   # A teacher folder linked there by hand is kept.
-  if [ -d "$out/smollm2-teacher/final_model" ]; then train smollm2_grpo 1
-  else train smollm2_grpo 1 weights && ln -sfn m-smollm2_grpo-s1 "$out/smollm2-teacher" || exit 1; fi
-  for s in 2 3; do train smollm2_grpo $s "$(weights_for m-smollm2_grpo-s$s eval_pass8.json)"; done
-  for s in 1 2 3; do for r in opd_smollm2 ts_opd_smollm2; do
-    train $r $s "$(weights_for m-$r-s$s eval_pass8.json)"; done; done
-  # pass@k (TS-OPD's entropy brake is there to keep it): each final model and the base model
+  if [ ! -d "$out/smollm2-teacher/final_model" ]; then
+    train smollm2_grpo 1 weights && ln -sfn m-smollm2_grpo-s1 "$out/smollm2-teacher" || exit 1
+  fi
+  # pass@k (TS-OPD's entropy brake is there to keep it) of each final model and of the base model
   evaluate smollm2_base smollm2_grpo eval_pass8.json smollm2-135m
   for s in 1 2 3; do for r in smollm2_grpo opd_smollm2 ts_opd_smollm2; do
-    evaluate m-$r-s$s smollm2_grpo eval_pass8.json; done; done
+    train_eval $r $s smollm2_grpo eval_pass8.json; done; done
 fi
 if [[ $sets == *" aural "* || $sets == *" all "* ]]; then
   for s in 1 2 3; do train smollm2_multistep $s; train aural_smollm2 $s; done
