@@ -14,12 +14,16 @@ Learner arms (interleaved, arm order rotating every round, median of ``--repeats
                ``length_buckets`` 1);
   prefix       + the prompts' common prefix (the 2-shot template) run once (``reasonrl.policy.prefix``);
   new          + length buckets (``train.length_buckets`` 4, the default): rows sorted by completion
-               length, each bucket padded only to its own longest row.
+               length, each bucket padded only to its own longest row; + grouped key/value heads
+               inside the attention kernel (``reasonrl.policy.attention``; ``old`` and ``prefix`` run
+               transformers' ``sdpa``, which copies SmolLM2's 3 key/value heads to its 9 query heads).
+  new_sdpa     the new path with transformers' ``sdpa`` (the attention lever alone: ``new`` against this).
   new_1thread  the new path on 1 thread (``train.threads``), to show what the second core gives.
   new_bf16     the new path under ``train.precision: bf16`` (``torch.autocast`` bfloat16 around the
                forward, fp32 weights and gradients): fast only on a CPU with bf16 units
                (AVX512-BF16 or AMX; ``torch.ops.mkldnn._is_mkldnn_bf16_supported()``), 8-30x slower
                without them (``benchmarks/precision.py``).
+  new_bf16_sdpa  the same with transformers' ``sdpa`` (the attention lever alone, in bf16).
   new_lora     the new path training LoRA adapters (``model.lora``: r 16, α 32, all linear layers,
                on a copy of the model) instead of all weights: the backward skips the frozen
                weights' gradients (a third of its FLOPs). Another method, not the same
@@ -63,6 +67,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from reasonrl.algos.masked import group_inverse
+from reasonrl.policy.attention import SDPA_GQA
 from reasonrl.policy.loading import load_hf_policy
 from reasonrl.policy.prefix import common_prefix, completion_lengths, length_buckets
 
@@ -157,11 +162,16 @@ def main(argv=None) -> None:
     adv = torch.randn(len(groups), generator=g).unsqueeze(1)
     cmask = samples.completion_mask.float()
 
-    arms = {"old": {"min_prefix": NO_PREFIX, "buckets": 1, "threads": args.threads},
-            "prefix": {"min_prefix": policy.min_shared_prefix, "buckets": 1, "threads": args.threads},
+    arms = {"old": {"min_prefix": NO_PREFIX, "buckets": 1, "threads": args.threads, "attention": "sdpa"},
+            "prefix": {"min_prefix": policy.min_shared_prefix, "buckets": 1, "threads": args.threads,
+                       "attention": "sdpa"},
             "new": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads},
+            "new_sdpa": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads,
+                         "attention": "sdpa"},
             "new_1thread": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": 1},
             "new_bf16": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "bf16": True},
+            "new_bf16_sdpa": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads,
+                              "bf16": True, "attention": "sdpa"},
             "new_lora": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "lora": True}}
     fwd: dict[str, list[float]] = {k: [] for k in arms}
     bwd: dict[str, list[float]] = {k: [] for k in arms}
@@ -173,6 +183,7 @@ def main(argv=None) -> None:
         policy.min_shared_prefix = arm["min_prefix"]
         policy.model = models[arm.get("lora", False)]
         policy.autocast = torch.bfloat16 if arm.get("bf16") else None  # what train.precision: bf16 sets
+        policy.model.set_attn_implementation(arm.get("attention", SDPA_GQA))
         torch.set_num_threads(arm["threads"])
         policy.model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
@@ -185,6 +196,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
         policy.min_shared_prefix = default_prefix
         grads = [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+        policy.model.set_attn_implementation(SDPA_GQA)
         policy.model, policy.autocast = model, None
         return t1 - t0, t2 - t1, logp.detach(), grads
 

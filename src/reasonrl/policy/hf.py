@@ -28,6 +28,7 @@ from reasonrl.algos.masked import group_first_rows, group_inverse
 from reasonrl.policy.prefix import (MIN_SHARED_PREFIX, cache_kw, completion_lengths, fork_cache, length_buckets as length_buckets_of,
                                     prompt_pass)
 from reasonrl.policy.sampling import Samples, cut_at_stop, position_ids_from_mask, sample_completions
+from reasonrl.policy.attention import use_sdpa_gqa
 from reasonrl.policy.fused_decode import FUSED_INT8, is_fused, require_int8
 
 __all__ = ["HFPolicy", "Samples", "cut_at_stop", "position_ids_from_mask", "token_logprobs_and_entropy"]
@@ -62,6 +63,7 @@ class HFPolicy:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
         self.model = model.to(device)
+        use_sdpa_gqa(self.model)  # grouped key/value heads inside the CPU kernel (reasonrl.policy.attention)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.chat_template = False  # wrap prompts as a user turn of the tokenizer's chat template
