@@ -22,6 +22,7 @@ import copy
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 __all__ = ["MIN_SHARED_PREFIX", "common_prefix", "prompt_pass", "length_buckets", "fork_cache", "completion_lengths",
@@ -112,8 +113,22 @@ def fork_cache(cache, rows: Tensor):
     keeps the autograd graph, so gradients flow back into the shared pass."""
     fork = copy.copy(cache)
     fork.layers = [copy.copy(layer) for layer in cache.layers]
-    fork.batch_select_indices(rows)
+    for layer in fork.layers:
+        _select_rows(layer, rows)
     return fork
+
+
+def _select_rows(layer, rows: Tensor) -> None:
+    """``layer.batch_select_indices(rows)`` through ``index_select`` where the layer holds just
+    keys and values: the backward of transformers' ``keys[rows, ...]`` adds the rows' gradients
+    into the shared prompt rows with parallel atomic adds on a multi-threaded CPU (in a
+    run-dependent order: 40 distinct results in 40 tries at 2 threads), ``index_select``'s backward
+    adds them in row order, so a 2-thread run repeats to the bit. Other layer kinds keep their own."""
+    if type(layer).batch_select_indices is not DynamicLayer.batch_select_indices:
+        layer.batch_select_indices(rows)
+    elif layer.get_seq_length() > 0:
+        layer.keys = layer.keys.index_select(0, rows)
+        layer.values = layer.values.index_select(0, rows)
 
 
 def length_buckets(lengths: Tensor, max_buckets: int, overhead: int) -> list[Tensor]:
