@@ -108,32 +108,3 @@ def test_only_sdpa_is_switched_and_a_saved_model_loads_anywhere_as_sdpa(tmp_path
     assert SDPA_GQA not in json.loads((tmp_path / "config.json").read_text()).values()
     assert AutoModelForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "sdpa"
 
-
-def test_a_two_thread_shared_prompt_backward_repeats_to_the_bit():
-    """The cache rows a group's completions share: their gradients add up in row order, not by
-    parallel atomic adds (transformers' ``keys[rows, ...]`` backward at > 1 thread gave 40
-    distinct sums in 40 tries), so a 2-thread run repeats exactly (reasonrl.policy.prefix)."""
-    from transformers import DynamicCache
-
-    from reasonrl.policy.prefix import fork_cache
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        torch.manual_seed(0)
-        keys = torch.randn(2, 4, 60, 32, requires_grad=True)
-        values = torch.randn(2, 4, 60, 32, requires_grad=True)
-        rows = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1] * 8)
-        weights = torch.randn(len(rows), 4, 60, 32)  # a different gradient for every copy of a row
-        seen = set()
-        for _ in range(10):
-            cache = DynamicCache()
-            cache.update(keys, values, 0)
-            fork = fork_cache(cache, rows)
-            keys.grad = values.grad = None
-            (fork.layers[0].keys * weights).sum().backward()
-            seen.add(keys.grad.numpy().tobytes())
-            torch.testing.assert_close(fork.layers[0].keys, keys[rows], rtol=0, atol=0)
-        assert len(seen) == 1
-    finally:
-        torch.set_num_threads(threads)

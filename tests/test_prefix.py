@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from reasonrl.metrics_log import read_metrics
 from reasonrl.policy.hf import HFPolicy
-from reasonrl.policy.prefix import common_prefix, completion_lengths, length_buckets, prompt_pass
+from reasonrl.policy.prefix import common_prefix, completion_lengths, fork_cache, length_buckets, prompt_pass
 from reasonrl.train.trainer import Trainer
 
 from helpers import assert_shared_pass_equals_row_pass, mini_policy, mini_recipe, require_interpreter, weights
@@ -165,3 +166,29 @@ def test_prompt_pass_under_the_older_transformers_cache_name():
     assert out.returncode == 0, out.stderr[-2000:]
     name, diff = out.stdout.split()
     assert name == "past_key_values" and float(diff) < 1e-5
+
+
+def test_a_two_thread_shared_prompt_backward_repeats_to_the_bit():
+    """The cache rows a group's completions share: their gradients add up in row order, not by
+    parallel atomic adds (transformers' ``keys[rows, ...]`` backward at > 1 thread gave 40
+    distinct sums in 40 tries), so a 2-thread run repeats exactly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        keys = torch.randn(2, 4, 60, 32, requires_grad=True)
+        values = torch.randn(2, 4, 60, 32, requires_grad=True)
+        rows = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1] * 8)
+        weights = torch.randn(len(rows), 4, 60, 32)  # a different gradient for every copy of a row
+        seen = set()
+        for _ in range(10):
+            cache = DynamicCache()
+            cache.update(keys, values, 0)
+            fork = fork_cache(cache, rows)
+            keys.grad = values.grad = None
+            (fork.layers[0].keys * weights).sum().backward()
+            seen.add(keys.grad.numpy().tobytes())
+            torch.testing.assert_close(fork.layers[0].keys, keys[rows], rtol=0, atol=0)
+        assert len(seen) == 1
+    finally:
+        torch.set_num_threads(threads)
