@@ -273,6 +273,16 @@ class TrainConfig:
     completion length padded only to its own longest row, so the padding after a short completion
     is not computed (exact up to float rounding; a model whose forward call costs more than the
     tokens saved, like the embedded one, keeps one). 1: one forward padded to the longest row."""
+    skip_zero_advantage: bool = False
+    """Leave rows whose advantages are all 0 (a group that agreed on its reward, under GRPO) out of
+    the learner's forward and backward. Their loss and gradient are exactly 0 and the mini-batch's
+    totals still count them, so the update is the same (up to float summation order) at the cost
+    of the rows that carry a signal only. Applies when the policy loss is row-wise and vanishes
+    without advantage (ppo_clip, gspo, cispo), with no KL or entropy term in the loss and no
+    method's loss term, in one learner process (not under FSDP2 ranks, not LoGRA's learner);
+    otherwise every row is computed and the log says why. The token-mean
+    statistics (``entropy``, ``clip_fraction``, ``ratio/mean``) are then means over the computed
+    rows; ``train/skipped_fraction`` is the share of rows left out."""
     checkpoint_every: Annotated[int, Range(ge=1)] = 50
     keep_checkpoints: int = 2
     max_nonfinite_steps: Annotated[int, Range(ge=1)] = 3

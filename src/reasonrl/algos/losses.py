@@ -36,12 +36,23 @@ __all__ = [
     "gspo_loss",
     "cispo_loss",
     "no_policy_loss",
+    "vanishes_without_advantage",
     "AGG_MODES",
     "aggregate",
 ]
 
 # verl clamps the log-ratio to ±20 so exp() cannot overflow float32.
 LOG_RATIO_CLAMP = 20.0
+
+
+def vanishes_without_advantage(loss_fn):
+    """Mark a policy loss whose every row is independent of the others and whose loss and gradient
+    are exactly 0 on a row whose advantages are all 0 (finite log-probs): the learner may then leave
+    such rows out of its forward and backward with the mini-batch's totals kept, and the step is the
+    same (``train.skip_zero_advantage``). A loss that couples rows (a group-normalising one) or adds
+    a term of its own must not carry the mark."""
+    loss_fn.vanishes_without_advantage = True
+    return loss_fn
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,7 @@ def _clipped_surrogate(
 
 
 @POLICY_LOSSES.register("ppo_clip")
+@vanishes_without_advantage
 def ppo_clip_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -137,6 +149,7 @@ def ppo_clip_loss(
 
 
 @POLICY_LOSSES.register("gspo")
+@vanishes_without_advantage
 def gspo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -168,6 +181,7 @@ def gspo_loss(
 
 
 @POLICY_LOSSES.register("cispo")
+@vanishes_without_advantage
 def cispo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -134,6 +134,10 @@ class ShardedLearner(Learner):
     """The policy's learner over every rank (see the module docstring). On rank 0 ``full`` is the
     trainer's own policy, kept equal to the trained weights after each ``optimise``."""
 
+    # Every rank must call the model's forward as often as the others (each call gathers the
+    # shards): leaving a rank's rows out changes its number of prompt and length-bucket forwards.
+    row_skipping = False
+
     def __init__(self, policy: HFPolicy, recipe) -> None:
         self.rank, self.size = rank_and_size()
         self.recipe = recipe
@@ -241,7 +245,7 @@ def follow(recipe, log=None) -> None:
     policy = build_policy(recipe.model, log=log, gradient_checkpointing=recipe.train.gradient_checkpointing,
                           precision=recipe.train.precision)
     learner = ShardedLearner(policy, recipe)
-    loss_fn = policy_loss_fn(learner.policy, recipe)
+    loss_fn = policy_loss_fn(learner.policy, recipe, learner=learner)
     while True:
         command, *args = learner.commands.receive()
         if command == "optimise":

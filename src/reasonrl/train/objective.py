@@ -120,14 +120,54 @@ class TermInputs:
 LossTerm = Callable[[TermInputs], "tuple[Tensor, dict[str, float]]"]
 
 
+def zero_advantage_skip_blocker(recipe, terms: Sequence[LossTerm] = (), learner=None) -> str | None:
+    """Why ``train.skip_zero_advantage`` cannot leave rows out of this run's learner (None: it can).
+    Leaving a row out is exact only when its loss and gradient are exactly 0 whatever the
+    parameters: a policy loss marked ``vanishes_without_advantage`` and nothing else in the loss."""
+    loss = recipe.loss
+    if not getattr(POLICY_LOSSES.get(loss.policy), "vanishes_without_advantage", False):
+        return f"loss.policy '{loss.policy}' is not marked as vanishing on rows without advantage"
+    if loss.kl.coef > 0 and not loss.kl.in_reward:
+        return "the loss has a KL term (loss.kl.coef > 0, not in the reward)"
+    if loss.entropy_coef:
+        return "the loss has an entropy term (loss.entropy_coef)"
+    if terms:
+        return "a method adds a loss term"
+    if learner is not None and not getattr(learner, "row_skipping", True):
+        return f"the learner ({type(learner).__name__}) computes every row (its row_skipping is False)"
+    return None
+
+
+def rows_with_signal(micro: RolloutBatch, cfg: LossConfig) -> RolloutBatch:
+    """The rows of ``micro`` with a nonzero advantage on a token the loss sees (all of it when every
+    row has one). When no row has, its first row stays: the backward then still leaves an exactly
+    zero gradient on every parameter, as the whole micro-batch would, and AdamW steps on it as it
+    would (moments decaying, weight decay) rather than skipping parameters without a gradient."""
+    if micro.advantages is None:
+        return micro
+    signal = ((micro.advantages != 0) & loss_mask(micro, cfg).bool()).any(dim=-1)
+    if bool(signal.all()):
+        return micro
+    keep = signal.nonzero().flatten()
+    return micro.select(keep if len(keep) else [0])
+
+
 def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, totals: Totals,
                      temperature: float, share_prompt: bool, terms: Sequence[LossTerm] = (),
-                     mini: RolloutBatch | None = None, length_buckets: int = 1) -> tuple[Tensor, dict[str, float]]:
+                     mini: RolloutBatch | None = None, length_buckets: int = 1,
+                     skip_zero_advantage: bool = False) -> tuple[Tensor, dict[str, float]]:
     """Returns the loss to back-propagate and summed statistics for metrics. ``terms``: the
     methods' extra loss terms (``Method.loss_term``), each added as it returns it;
-    ``length_buckets``: ``train.length_buckets`` (a term needs full logits: one forward then)."""
+    ``length_buckets``: ``train.length_buckets`` (a term needs full logits: one forward then);
+    ``skip_zero_advantage``: compute only :func:`rows_with_signal` (the caller has checked
+    :func:`zero_advantage_skip_blocker`; ``totals`` still count every row)."""
     if totals.group_rows is not None:  # before the forward pass: fail fast
         check_whole_groups(micro, totals.group_rows, cfg.policy)
+    skip_stats = {}
+    if skip_zero_advantage:
+        rows = len(micro)
+        micro = rows_with_signal(micro, cfg)
+        skip_stats = {"skip/rows": float(rows), "skip/left_out": float(rows - len(micro))}
     device = getattr(policy, "device", None)  # a stand-in policy without one computes where its inputs are
     if device is not None and micro.advantages is not None and micro.advantages.device != device:
         micro = micro.to(device)  # the batch lives on the CPU; the loss is computed beside the model
@@ -148,7 +188,7 @@ def micro_batch_loss(policy: HFPolicy, micro: RolloutBatch, cfg: LossConfig, tot
     # rollout IS weights do; the KL and entropy terms are not importance-weighted.
     policy_term = out.loss if micro.is_weights is None else out.loss * micro.is_weights
     loss = aggregate(policy_term, mask, **agg)
-    stats = {"tokens": float(mask.sum()), "loss": float(loss.detach())}
+    stats = {"tokens": float(mask.sum()), "loss": float(loss.detach()), **skip_stats}
     per_token = {**out.token_metrics, "entropy": entropy}
     if micro.ref_logprobs is not None:
         kl = KL_ESTIMATORS.get(cfg.kl.estimator)(logp, micro.ref_logprobs)
@@ -177,6 +217,8 @@ def reduce_stats(sums: dict[str, float], optimizer_steps: int) -> dict[str, floa
     steps = max(optimizer_steps, 1)
     out = {"loss": sums.get("loss", 0.0) / steps, "loss/total": sums.get("loss_total", 0.0) / steps}
     out.update({k[len(TOKEN):]: v / tokens for k, v in sums.items() if k.startswith(TOKEN)})
+    if sums.get("skip/rows"):  # train.skip_zero_advantage was on
+        out["train/skipped_fraction"] = sums.get("skip/left_out", 0.0) / sums["skip/rows"]
     return out
 
 
@@ -189,12 +231,14 @@ def batch_logprobs(policy: HFPolicy, batch: RolloutBatch, micro_batch_size: int,
     return torch.cat(parts) * batch.completion_mask
 
 
-def policy_loss_fn(policy: HFPolicy, recipe, terms: Sequence[LossTerm] = ()):
+def policy_loss_fn(policy: HFPolicy, recipe, terms: Sequence[LossTerm] = (), learner=None):
     """The learner's loss function (``reasonrl.train.optim.LossFn``) for ``recipe``: the policy
     objective of :func:`micro_batch_loss` on each micro-batch with its mini-batch's totals
-    (computed once per mini-batch), plus the methods' ``terms``. Every learner rank builds the
-    same one (``reasonrl.train.fsdp``)."""
+    (computed once per mini-batch), plus the methods' ``terms``; rows without advantage left out
+    when ``train.skip_zero_advantage`` is on and exact for this run (``learner``: the learner that
+    back-propagates it). Every learner rank builds the same one (``reasonrl.train.fsdp``)."""
     r = recipe
+    skip = r.train.skip_zero_advantage and zero_advantage_skip_blocker(r, terms, learner) is None
     # Holding the mini-batch itself (not its id), so a later one can never be mistaken for it.
     current: dict = {"mini": None, "totals": None}
 
@@ -202,6 +246,6 @@ def policy_loss_fn(policy: HFPolicy, recipe, terms: Sequence[LossTerm] = ()):
         if current["mini"] is not mini:
             current.update(mini=mini, totals=totals(mini, r.loss, r.rollout.max_new_tokens))
         return micro_batch_loss(policy, micro, r.loss, current["totals"], r.rollout.temperature, r.train.share_prompt,
-                                terms, mini, r.train.length_buckets)
+                                terms, mini, r.train.length_buckets, skip)
 
     return loss_fn

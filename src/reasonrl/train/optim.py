@@ -116,6 +116,10 @@ class Learner:
     """The policy whose parameters this learner trains, when it trains one (``build_learner``):
     the trainer computes the loss with it, and a sharded checkpoint (``learner/``) loads into it."""
 
+    row_skipping = True
+    """Whether the loss function may leave out rows whose gradient is exactly zero
+    (``train.skip_zero_advantage``); a learner that looks at every row's activations sets False."""
+
     def __init__(self, parameters: Iterable[Tensor], cfg: OptimConfig, total_steps: int) -> None:
         self.parameters = [p for p in parameters if p.requires_grad]
         self.cfg = cfg

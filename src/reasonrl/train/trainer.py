@@ -54,7 +54,7 @@ from reasonrl.metrics_log import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.behaviour import prepare_behaviour
 from reasonrl.train.fsdp import ShardedLearner, check_shardable, sharded
 from reasonrl.train.guards import FlatSteps, check_prompt_characters, reward_metrics
-from reasonrl.train.objective import batch_logprobs, policy_loss_fn, reduce_stats
+from reasonrl.train.objective import batch_logprobs, policy_loss_fn, reduce_stats, zero_advantage_skip_blocker
 from reasonrl.train.optim import Learner, build_learner
 from reasonrl.train.progress import Progress
 from reasonrl.train.samples import SampleWriter
@@ -143,6 +143,10 @@ class Trainer:
         else:
             self.learner = build_learner(self.policy, r)  # the optimiser entry may bring its own (logra)
         self.methods = build_methods(r)
+        if r.train.skip_zero_advantage:
+            blocker = zero_advantage_skip_blocker(r, self._loss_terms(), self.learner)
+            if blocker is not None:
+                self.log(f"train.skip_zero_advantage: every row is computed, because {blocker}")
         self.flat_steps = FlatSteps(r, self.log)  # warns after train.warn_flat_steps steps with no learning signal
         self.source = source(SourceContext(
             recipe=r, policy=self.policy, scorer=self.scorer, task=self.task, sampler=self.sampler,
@@ -384,10 +388,10 @@ class Trainer:
 
     def _optimise(self, batch: RolloutBatch, watch: Stopwatch) -> dict[str, float]:
         r = self.recipe
-        terms = [m.loss_term for _, m in self.methods if type(m).loss_term is not Method.loss_term]
+        terms = self._loss_terms()
         # The learner's own policy: the same object in one process, the sharded copy under FSDP
         # (a user's optimiser may bring a learner that does not name it: then it trains ours).
-        loss_fn = policy_loss_fn(self.learner.policy or self.policy, r, terms)
+        loss_fn = policy_loss_fn(self.learner.policy or self.policy, r, terms, self.learner)
         sums, norms = self.learner.optimise(batch, loss_fn, passes=r.train.num_iterations,
                                             mini_batch_size=r.train.mini_batch_size,
                                             micro_batch_size=r.train.micro_batch_size, watch=watch)
@@ -398,6 +402,10 @@ class Trainer:
         return {**reduce_stats(sums, len(norms)), **self.learner.metrics(),
                 "grad_norm": sum(finite) / len(finite) if finite else math.nan,
                 "lr": self.learner.end_step(), "policy_version": self.state.policy_version}
+
+    def _loss_terms(self) -> list:
+        """The methods' extra loss terms (those that override ``Method.loss_term``)."""
+        return [m.loss_term for _, m in self.methods if type(m).loss_term is not Method.loss_term]
 
     def _guard_nonfinite(self, step: int, metrics: dict[str, Any]) -> None:
         """Log the updates the learner skipped for a non-finite loss or gradient norm; stop the run

@@ -162,6 +162,8 @@ class LoGRALearner(Learner):
     """The policy's learner when ``optim.name`` is ``logra`` (see the module docstring).
     ``optimise`` is the base class's loop; ``begin_step``/``step``/``skip`` are LoGRA's."""
 
+    row_skipping = False  # its sketch hooks see the activations of every row of the mini-batch
+
     def __init__(self, policy, recipe) -> None:
         cfg: OptimConfig = recipe.optim
         self.cfg, self.policy, self.recipe = cfg, policy, recipe
