@@ -1,5 +1,7 @@
 """The quickstart prints its before/after table and ends by writing the HTML report."""
 
+import json
+
 from reasonrl.quickstart import quickstart
 
 from helpers import MINI_TINY
@@ -16,3 +18,5 @@ def test_quickstart_writes_table_and_report(tmp_path, capsys):
     page = report.read_text()
     assert "reasonrl quickstart (seed 3)" in page and "id='rrl-plots'" in page and '"name":"reward"' in page
     assert summary["steps"] == 2
+    # recipes/grpo.yaml with rows without advantage left out of the learner (the same update)
+    assert json.loads((tmp_path / "seed3" / "recipe.json").read_text())["train"]["skip_zero_advantage"] is True
