@@ -118,7 +118,8 @@ class Learner:
 
     row_skipping = True
     """Whether the loss function may leave out rows whose gradient is exactly zero
-    (``train.skip_zero_advantage``); a learner that looks at every row's activations sets False."""
+    (``train.skip_zero_advantage``); a learner that needs every row sets False (LoGRA's hooks look at
+    every row's activations; FSDP2 ranks must make the same forward calls)."""
 
     def __init__(self, parameters: Iterable[Tensor], cfg: OptimConfig, total_steps: int) -> None:
         self.parameters = [p for p in parameters if p.requires_grad]
