@@ -3,9 +3,11 @@ same batch, in one run.
 
 The batch is the one `recipes/smollm2_grpo.yaml` trains on: 8 reasoning-gym-style addition
 questions under the recipe's 2-shot template, 8 completions each, sampled by the model itself
-(temperature 1, stop at a newline, at most 16 tokens). A step is sampling + the learner's forward
-and backward (``HFPolicy.completion_logprobs`` with entropies, the loss a GRPO step takes, as in
-``train.objective.micro_batch_loss``) + one fused AdamW step.
+(temperature 1, stop at a newline, at most 16 tokens), scored as the recipe scores them (1 for
+``<answer>a+b</answer>``) with GRPO's group advantages. A step is sampling + the learner's forward
+and backward (``HFPolicy.completion_logprobs`` with entropies, GRPO's policy-gradient term over the
+batch's token count, as ``train.objective.micro_batch_loss`` computes it on fresh samples) + one
+fused AdamW step.
 
 Learner arms (interleaved, arm order rotating every round, median of ``--repeats``):
 
@@ -24,6 +26,10 @@ Learner arms (interleaved, arm order rotating every round, median of ``--repeats
                (AVX512-BF16 or AMX; ``torch.ops.mkldnn._is_mkldnn_bf16_supported()``), 8-30x slower
                without them (``benchmarks/precision.py``).
   new_bf16_sdpa  the same with transformers' ``sdpa`` (the attention lever alone, in bf16).
+  new_skip     the new path with rows without advantage left out (``train.skip_zero_advantage``:
+               groups whose sampled answers all scored alike; the loss keeps the whole batch's
+               token count, so the gradient is the every-row one, compared like the others).
+  new_bf16_skip  the same under ``train.precision: bf16``.
   new_lora     the new path training LoRA adapters (``model.lora``: r 16, α 32, all linear layers,
                on a copy of the model) instead of all weights: the backward skips the frozen
                weights' gradients (a third of its FLOPs). Another method, not the same
@@ -66,7 +72,11 @@ import torch
 
 from peft import LoraConfig, get_peft_model
 
+from reasonrl.algos.advantages import grpo_advantages
 from reasonrl.algos.masked import group_inverse
+from reasonrl.batch import RolloutBatch
+from reasonrl.sections import LossConfig
+from reasonrl.train.objective import rows_with_signal
 from reasonrl.policy.attention import SDPA_GQA
 from reasonrl.policy.loading import load_hf_policy
 from reasonrl.policy.prefix import common_prefix, completion_lengths, length_buckets
@@ -124,8 +134,9 @@ def main(argv=None) -> None:
     policy = load_hf_policy("smollm2-135m")
     model = policy.model
     g = torch.Generator().manual_seed(args.seed)
-    prompts = [TEMPLATE.format(a=int(torch.randint(1, 100, (1,), generator=g)),
-                               b=int(torch.randint(1, 100, (1,), generator=g))) for _ in range(8)]
+    pairs = [(int(torch.randint(1, 100, (1,), generator=g)), int(torch.randint(1, 100, (1,), generator=g)))
+             for _ in range(8)]
+    prompts = [TEMPLATE.format(a=a, b=b) for a, b in pairs]
 
     # The LoRA arms' model: a copy, so that the other arms run the plain model, not PEFT's wrappers.
     # PEFT starts B at 0, so its log-probs equal the plain model's until it trains.
@@ -159,8 +170,18 @@ def main(argv=None) -> None:
     policy.decoder, policy.min_shared_prefix, policy.model = "hf", default_prefix, model
     groups = torch.arange(8).repeat_interleave(8)
     batch = (samples.prompt_ids, samples.prompt_mask, samples.completion_ids, samples.completion_mask, groups)
-    adv = torch.randn(len(groups), generator=g).unsqueeze(1)
     cmask = samples.completion_mask.float()
+    rewards = torch.tensor([float(f"<answer>{a + b}</answer>" in text)
+                            for (a, b), text in zip([p for p in pairs for _ in range(8)], samples.texts)])
+    outcome = torch.zeros_like(cmask)
+    outcome[:, 0] = rewards  # the sequence score GRPO normalises within each group
+    adv = grpo_advantages(outcome, samples.completion_mask, groups)
+    # The skip arms' rows: those with a nonzero advantage, chosen by the trainer's own selection
+    # (``aux["row"]`` carries each row's index through it).
+    whole = RolloutBatch(*batch, rewards=rewards, truncated=torch.zeros(len(groups), dtype=torch.bool), advantages=adv,
+                         aux={"row": torch.arange(len(groups))})
+    kept = rows_with_signal(whole, LossConfig()).aux["row"]
+    skip_batch = tuple(t[kept] for t in batch)
 
     arms = {"old": {"min_prefix": NO_PREFIX, "buckets": 1, "threads": args.threads, "attention": "sdpa"},
             "prefix": {"min_prefix": policy.min_shared_prefix, "buckets": 1, "threads": args.threads,
@@ -172,6 +193,9 @@ def main(argv=None) -> None:
             "new_bf16": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "bf16": True},
             "new_bf16_sdpa": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads,
                               "bf16": True, "attention": "sdpa"},
+            "new_skip": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "skip": True},
+            "new_bf16_skip": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads,
+                              "bf16": True, "skip": True},
             "new_lora": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "lora": True}}
     fwd: dict[str, list[float]] = {k: [] for k in arms}
     bwd: dict[str, list[float]] = {k: [] for k in arms}
@@ -186,16 +210,22 @@ def main(argv=None) -> None:
         policy.model.set_attn_implementation(arm.get("attention", SDPA_GQA))
         torch.set_num_threads(arm["threads"])
         policy.model.zero_grad(set_to_none=True)
+        rows = kept if arm.get("skip") else slice(None)
         t0 = time.perf_counter()
-        logp, ent = policy.completion_logprobs(*batch[:4], group_ids=groups, with_entropy=True,
-                                               length_buckets=arm["buckets"])
-        loss = -((logp * adv * cmask).sum() + 1e-3 * (ent * cmask).sum()) / cmask.sum()
+        logp, ent = policy.completion_logprobs(*(skip_batch if arm.get("skip") else batch)[:4],
+                                               group_ids=groups[rows], with_entropy=True, length_buckets=arm["buckets"])
+        # GRPO's term at ratio 1 over the whole batch's token count (what the trainer's token-mean does).
+        loss = -(logp * adv[rows] * cmask[rows]).sum() / cmask.sum()
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
         torch.set_num_threads(args.threads)
         policy.min_shared_prefix = default_prefix
         grads = [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]
+        if arm.get("skip"):  # every row's log-prob slot, the left-out rows' as the reference has them
+            full = torch.full((len(groups), logp.shape[1]), float("nan"))
+            full[kept] = logp.detach()
+            logp = full
         policy.model.set_attn_implementation(SDPA_GQA)
         policy.model, policy.autocast = model, None
         return t1 - t0, t2 - t1, logp.detach(), grads
@@ -240,9 +270,10 @@ def main(argv=None) -> None:
     rows = {}
     for name, arm in arms.items():
         f, b = statistics.median(fwd[name]), statistics.median(bwd[name])
-        flops = learner_flops(policy, batch, arm)
+        flops = learner_flops(policy, skip_batch if arm.get("skip") else batch, arm)
         logp, grads = results[name]
-        dlogp = float((logp - ref_logp)[m].abs().max())
+        computed = m & ~logp.isnan()  # the skip arms compute the kept rows only
+        dlogp = float((logp[:, :m.shape[1]] - ref_logp)[computed].abs().max())
         if arm.get("lora"):  # other parameters: no gradient to compare
             num, den = float("nan"), 1.0
         else:
@@ -262,9 +293,14 @@ def main(argv=None) -> None:
     step_new = samp["fused_prefix"] + rows["new"]["learner_s"] + optimizer_s
     step_lora = samp["fused_prefix_lora"] + rows["new_lora"]["learner_s"] + optimizer_lora_s
     step_bf16 = samp["fused_prefix_bf16"] + rows["new_bf16"]["learner_s"] + optimizer_s
+    step_skip = samp["fused_prefix"] + rows["new_skip"]["learner_s"] + optimizer_s
+    step_bf16_skip = samp["fused_prefix_bf16"] + rows["new_bf16_skip"]["learner_s"] + optimizer_s
+    left_out = 1 - len(kept) / len(groups)
     print(f"step  old {step_old:.2f} s   new {step_new:.2f} s   ratio {step_new / step_old:.3f}   "
           f"bf16 {step_bf16:.2f} s   ratio {step_bf16 / step_old:.3f}   "
           f"LoRA {step_lora:.2f} s   ratio {step_lora / step_old:.3f} (another method: see the docstring)")
+    print(f"rows without advantage left out ({left_out:.0%} of this batch's rows): step {step_skip:.2f} s   ratio "
+          f"{step_skip / step_old:.3f}   bf16 {step_bf16_skip:.2f} s   ratio {step_bf16_skip / step_old:.3f}")
     if compile_row:
         print(f"torch.compile (new path): first step {compile_row['first_step_s']} s, then {compile_row['step_s']} s "
               f"(uncompiled {rows['new']['learner_s']} s)")
@@ -277,6 +313,9 @@ def main(argv=None) -> None:
                       "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                       "optimizer_lora_s": round(optimizer_lora_s, 3), "step_lora_s": round(step_lora, 2),
                       "step_lora_ratio": round(step_lora / step_old, 3),
+                      "rows_left_out": round(left_out, 3), "step_skip_s": round(step_skip, 2),
+                      "step_skip_ratio": round(step_skip / step_old, 3), "step_bf16_skip_s": round(step_bf16_skip, 2),
+                      "step_bf16_skip_ratio": round(step_bf16_skip / step_old, 3),
                       "compile": compile_row}))
 
 
