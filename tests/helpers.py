@@ -364,12 +364,12 @@ def cfg(kl: float = 0.0, in_reward: bool = False, entropy: float = 0.0, **kw):
     return LossConfig(kl=KLConfig(coef=kl, estimator="k3", in_reward=in_reward), entropy_coef=entropy, **kw)
 
 
-def loss_and_grad(policy, batch, config, tot):
+def loss_and_grad(policy, batch, config, tot, skip_zero_advantage: bool = False):
     """The micro-batch loss of a TablePolicy on ``batch``, its stats and the table's gradient."""
     from reasonrl.train.objective import micro_batch_loss
 
     policy.table.grad = None
-    loss, stats = micro_batch_loss(policy, batch, config, tot, 1.0, True)
+    loss, stats = micro_batch_loss(policy, batch, config, tot, 1.0, True, skip_zero_advantage=skip_zero_advantage)
     loss.backward()
     return loss.detach(), stats, policy.table.grad.clone()
 

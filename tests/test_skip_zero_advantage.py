@@ -14,7 +14,7 @@ from reasonrl.train.objective import micro_batch_loss, reduce_stats, rows_with_s
 from reasonrl.train.optim import Learner
 from reasonrl.train.trainer import Trainer
 
-from helpers import TablePolicy, cfg, mini_recipe, table_batch, weights
+from helpers import TablePolicy, cfg, loss_and_grad, mini_recipe, table_batch, weights
 
 N, T = 8, 5
 
@@ -30,13 +30,6 @@ def batch_with_silent_rows():
     batch.advantages[5] = 0.0
     batch.advantages[5, 2:] = 7.0  # outside the mask
     return batch
-
-
-def loss_grad(policy, batch, config, tot, skip):
-    policy.table.grad = None
-    loss, stats = micro_batch_loss(policy, batch, config, tot, 1.0, True, skip_zero_advantage=skip)
-    loss.backward()
-    return loss.detach(), stats, policy.table.grad.clone()
 
 
 def test_rows_with_signal_keeps_rows_with_a_nonzero_advantage_under_the_mask():
@@ -70,8 +63,8 @@ def test_leaving_out_rows_without_advantage_changes_neither_loss_nor_gradient(po
                                              batch.completion_mask)
     batch.old_logprobs = (logp + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))) \
         * batch.completion_mask
-    loss_all, stats_all, grad_all = loss_grad(policy, batch, config, tot, skip=False)
-    loss_kept, stats_kept, grad_kept = loss_grad(policy, batch, config, tot, skip=True)
+    loss_all, stats_all, grad_all = loss_and_grad(policy, batch, config, tot)
+    loss_kept, stats_kept, grad_kept = loss_and_grad(policy, batch, config, tot, skip_zero_advantage=True)
     silent = [1, 3, 5]
     assert grad_all[silent].abs().sum() == 0  # what is left out had no gradient to give
     assert grad_all.abs().sum() > 0
