@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reasonrl.config import ConfigError, LoraConfig, ModelConfig
-from reasonrl.policy.fused_decode import FusedLlamaDecoder, HFDecoder, fused_unsupported
+from reasonrl.policy.fused_decode import FusedLlamaDecoder, HFDecoder, direct_step_unsupported, fused_unsupported
 from reasonrl.policy.sampling import _draw_inverse_cdf, position_ids_from_mask
 
 from helpers import MINI_TINY, mini_policy
@@ -236,3 +236,122 @@ def test_a_lora_run_samples_with_the_fused_decoder_from_its_current_adapters(tmp
     summary = Trainer(recipe, tmp_path / "run", log=lambda m: None).run()
     assert summary["steps"] == 3 and len(heads) >= 3
     assert not torch.equal(heads[0], heads[-1])  # layer 0's q/k/v moved with the adapters
+
+
+def _gqa_llama(dtype):
+    """A random Llama with grouped key/value heads (SmolLM2's shape of attention: 2 query heads a
+    key/value head) on reasonrl's attention function, as ``HFPolicy`` sets it up."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from reasonrl.policy.attention import use_sdpa_gqa
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).to(dtype).eval()
+    use_sdpa_gqa(model)
+    return model
+
+
+def _decode_both(model, ids, mask, steps=8, g=2, compact_at=3):
+    """The logits of transformers' forward and of the direct step, step by step over the same
+    random tokens, with a compaction; returns how many steps were compared."""
+    ref, direct = HFDecoder(model, direct=False), HFDecoder(model)
+    assert direct.direct and not ref.direct
+    with torch.no_grad():
+        (a, layout, last), (b, _, _) = ref.prefill(ids, mask, g, steps + 1), direct.prefill(ids, mask, g, steps + 1)
+        assert torch.equal(a, b)
+        mask, pos = layout.repeat_interleave(g, 0), last.unsqueeze(1).repeat_interleave(g, 0) + 1
+        gen = torch.Generator().manual_seed(1)
+        for t in range(steps):
+            tok = torch.randint(0, model.config.vocab_size, (mask.shape[0],), generator=gen)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], -1)
+            a, b = ref.step(tok, mask, pos), direct.step(tok, mask, pos)
+            assert torch.equal(a, b), f"step {t}: {(a.float() - b.float()).abs().max()}"
+            pos = pos + 1
+            if t == compact_at:
+                keep = torch.tensor([0, 2, 3])
+                ref.select(keep), direct.select(keep)
+                mask, pos = mask[keep], pos[keep]
+    return steps
+
+
+@pytest.mark.parametrize("prompts", [*PROMPT_SETS, "no-padding"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_direct_step_gives_transformers_logits_to_the_bit(dtype, prompts):
+    """``HFDecoder``'s direct step (the default ``hf`` decode step of a Llama on CPU) against
+    ``model(...)``: the same logits bit for bit over left-padded prompts, a shared prefix (a hole in
+    the mask), prompts without padding (transformers passes no mask then), and a compaction."""
+    from reasonrl.policy.tiny import load_tiny_policy
+
+    pol = load_tiny_policy()
+    model = pol.model.to(dtype).eval()
+    texts = ["1+2;", "3+4;", "5*6;"] if prompts == "no-padding" else PROMPT_SETS[prompts]
+    ids, mask = pol.encode_prompts(texts)
+    assert bool(mask.all()) == (prompts == "no-padding")
+    assert _decode_both(model, ids, mask) == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_direct_step_with_grouped_heads_gives_transformers_logits_to_the_bit(dtype):
+    model = _gqa_llama(dtype)
+    ids = torch.randint(1, 40, (3, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = mask[2, :1] = 0
+    assert _decode_both(model, ids, mask) == 8
+
+
+def test_direct_step_runs_the_lora_layers_and_their_hooks():
+    """A PEFT LoRA model: the direct step calls the adapted projections (logits equal to the PEFT
+    forward to the bit, and unlike the base model's), so forward hooks on those layers (LoGRA's)
+    still see every decode step."""
+    from reasonrl.policy.factory import build_policy
+
+    pol = build_policy(ModelConfig(backend="tiny", tiny=dict(MINI_TINY), lora=LoraConfig(r=4)))
+    model = pol.model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    calls = []
+    q_proj = model.get_base_model().model.layers[0].self_attn.q_proj
+    q_proj.register_forward_hook(lambda *_: calls.append(1))
+    assert direct_step_unsupported(model) is None
+    ids, mask = pol.encode_prompts(PROMPT_SETS["own"])
+    assert _decode_both(model, ids, mask, steps=4) == 4
+    assert len(calls) == 2 * (1 + 4)  # the two prefills and each decoder's 4 steps
+    with torch.no_grad():
+        direct = HFDecoder(model)
+        last, layout, pos = direct.prefill(ids, mask, 1, 2)
+        tok = last.argmax(-1)
+        step_mask = torch.cat([layout, torch.ones_like(layout[:, :1])], -1)
+        adapted = direct.step(tok, step_mask, pos.unsqueeze(1) + 1)
+        with model.disable_adapter():
+            base = HFDecoder(model)
+            base.prefill(ids, mask, 1, 2)
+            plain = base.step(tok, step_mask, pos.unsqueeze(1) + 1)
+    assert (plain - adapted).abs().max() > 0.1
+
+
+def test_direct_step_steps_aside_where_it_would_not_be_transformers_forward():
+    """Every model it cannot reproduce runs ``model(...)``, with the reason."""
+    from peft import PrefixTuningConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    assert direct_step_unsupported(mini_policy().model) is None
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=30))
+    assert "LlamaForCausalLM" in direct_step_unsupported(gpt2)
+    assert HFDecoder(gpt2).direct is False
+    eager = mini_policy().model
+    eager.set_attn_implementation("eager")
+    assert "'eager'" in direct_step_unsupported(eager)
+    hooked = mini_policy().model
+    hooked.model.layers[1].register_forward_hook(lambda *_: None)
+    assert "LlamaDecoderLayer" in direct_step_unsupported(hooked)
+    prefix = get_peft_model(mini_policy().model, PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
+    assert "other than LoRA" in direct_step_unsupported(prefix)
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *_: None)
+    try:
+        assert "every module" in direct_step_unsupported(mini_policy().model)
+    finally:
+        handle.remove()

@@ -7,7 +7,10 @@ cache's layout and each prompt's last position, which the decode steps continue)
 token per live row), ``select`` (keep some rows: compaction) and ``reload`` (the model's
 weights changed in place, e.g. a partial rollout's in-flight update).
 
-``HFDecoder`` runs ``model(...)`` with transformers' KV cache: any causal LM.
+``HFDecoder`` runs transformers' model with its KV cache: any causal LM. For a plain Llama-family
+model on CPU its decode step calls the model's own modules itself (``direct_step_unsupported``):
+the same operations on the same tensors as ``model(...)``, so the same logits to the bit, without
+transformers' per-call work around a one-token forward.
 
 ``FusedLlamaDecoder`` (``rollout.decoder: fused``) runs the decode step of a Llama-family
 model itself, because on a CPU at batch 8 transformers' step spends more time around the
@@ -40,12 +43,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from reasonrl.params import ConfigError
+from reasonrl.policy.attention import SDPA_GQA
 from reasonrl.policy.prefix import MIN_SHARED_PREFIX, cache_kw, cache_of, prompt_pass
 
 __all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused", "is_fused",
-           "FUSED_INT8"]
+           "FUSED_INT8", "direct_step_unsupported"]
 
 # The decode step of a sampling copy made with ``rollout.dtype: int8`` (``HFPolicy.sampling_copy``):
 # the fused step over int8 weights. Not a ``rollout.decoder`` value; a policy's ``decoder`` holds it.
@@ -58,12 +65,25 @@ def is_fused(name: str) -> bool:
 
 
 class HFDecoder:
-    """transformers' forward and ``DynamicCache``: works for every causal LM."""
+    """transformers' forward and ``DynamicCache``: works for every causal LM.
 
-    def __init__(self, model, min_prefix: int = MIN_SHARED_PREFIX) -> None:
+    Where ``direct_step_unsupported(model)`` is None (``direct=None``: decide by it) the decode step
+    is ``_direct_step``: the model's own modules called in the order ``LlamaForCausalLM.forward``
+    calls them, over the same cache, with the attention mask transformers builds for one new token
+    (none without padding, else the 2-D mask as ``[n, 1, 1, T]`` booleans). The logits are those
+    of ``model(...)`` to the bit (``tests/test_fused_decode.py``), so samples and tables do not move.
+    What it leaves out is transformers' work around the operations, which at the embedded model's
+    size costs about as much as they do: rebuilding the 4-D mask from the 2-D one each step, the
+    decorators' keyword and output handling, the output classes. Quickstart sampling (128 rows, 4
+    layers of width 128, 2 threads): ~15% less time a sampling call (docs/scaling.md)."""
+
+    def __init__(self, model, min_prefix: int = MIN_SHARED_PREFIX, direct: bool | None = None) -> None:
         self.model = model
         self.cache = None
         self.min_prefix = min_prefix  # the prompts' common prefix runs once from this many tokens on
+        self.direct = direct_step_unsupported(model) is None if direct is None else direct
+        # The Llama modules the direct step calls (a PEFT model's LoRA layers sit inside them).
+        self.llama = model.get_base_model() if hasattr(model, "get_base_model") else model
 
     def prefill(self, ids: Tensor, mask: Tensor, g: int, max_new_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
         last, self.cache, layout, last_pos = prompt_pass(self.model, ids, mask, self.min_prefix)
@@ -72,16 +92,69 @@ class HFDecoder:
         return last.repeat_interleave(g, dim=0), layout, last_pos
 
     def step(self, tok: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+        if self.direct:
+            return self._direct_step(tok, mask, pos)
         out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos,
                          **cache_kw(self.cache), use_cache=True)
         self.cache = cache_of(out)
         return out.logits[:, -1]
+
+    def _direct_step(self, tok: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+        """``model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, cache=...).logits[:, -1]``
+        of a ``LlamaForCausalLM``, module by module (transformers' ``LlamaModel``,
+        ``LlamaDecoderLayer``, ``LlamaAttention`` forwards, in their order and shapes)."""
+        body = self.llama.model
+        x = body.embed_tokens(tok.unsqueeze(-1))  # [n, 1, D]
+        cos, sin = body.rotary_emb(x, pos)
+        att_mask = None if bool(mask.all()) else mask.bool()[:, None, None, :]
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.llama.config._attn_implementation, None)
+        n = x.shape[0]
+        for layer, kv in zip(body.layers[: self.llama.config.num_hidden_layers], self.cache.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            shape = (n, 1, -1, a.head_dim)
+            q = a.q_proj(h).view(shape).transpose(1, 2)
+            k = a.k_proj(h).view(shape).transpose(1, 2)
+            v = a.v_proj(h).view(shape).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            k, v = kv.update(k, v)  # transformers' DynamicLayer: the cache grows by one position
+            out, _ = attend(a, q, k, v, att_mask, dropout=0.0, scaling=a.scaling)
+            x = x + a.o_proj(out.reshape(n, 1, -1).contiguous())
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.llama.lm_head(body.norm(x))[:, -1]
 
     def select(self, keep: Tensor) -> None:
         self.cache.batch_select_indices(keep)
 
     def reload(self) -> None:
         pass  # the forward reads the parameters themselves
+
+
+# The attention functions whose one-token mask ``HFDecoder._direct_step`` builds as transformers does.
+_DIRECT_ATTENTION = ("sdpa", SDPA_GQA)
+# The modules whose forwards the direct step stands in for: a hook on one would not run.
+_DIRECT_BYPASSED = ("LlamaForCausalLM", "LlamaModel", "LlamaDecoderLayer", "LlamaAttention")
+
+
+def direct_step_unsupported(model) -> str | None:
+    """Why ``HFDecoder`` must run ``model(...)`` for a decode step rather than its direct step
+    (None when it need not): the direct step reproduces transformers' Llama forward with
+    ``sdpa`` attention on CPU, where its bit-equality is tested, and nothing else."""
+    llama = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(llama, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) != "llama" or type(llama).__name__ != "LlamaForCausalLM":
+        return "not a transformers LlamaForCausalLM"
+    if getattr(cfg, "_attn_implementation", None) not in _DIRECT_ATTENTION:
+        return f"attention {cfg._attn_implementation!r} (the direct step builds sdpa's mask)"
+    if any(getattr(c, "peft_type", None) != "LORA" for c in getattr(model, "peft_config", {}).values()):
+        return "a PEFT adapter other than LoRA (prompt or prefix tuning act outside the modules it calls)"
+    if next(llama.parameters()).device.type != "cpu":
+        return "not on CPU"
+    hooked = [type(m).__name__ for m in llama.modules() if type(m).__name__ in _DIRECT_BYPASSED
+              and (m._forward_hooks or m._forward_pre_hooks)]
+    if hooked or _global_forward_hooks or _global_forward_pre_hooks:
+        return f"forward hooks on {', '.join(sorted(set(hooked))) or 'every module'}"
+    return None
 
 
 def fused_unsupported(model) -> str | None:
