@@ -118,7 +118,8 @@ class HFDecoder:
             v = a.v_proj(h).view(shape).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             k, v = kv.update(k, v)  # transformers' DynamicLayer: the cache grows by one position
-            out, _ = attend(a, q, k, v, att_mask, dropout=0.0, scaling=a.scaling)
+            out, _ = attend(a, q, k, v, att_mask, dropout=a.attention_dropout if a.training else 0.0,
+                            scaling=a.scaling)
             x = x + a.o_proj(out.reshape(n, 1, -1).contiguous())
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.llama.lm_head(body.norm(x))[:, -1]
