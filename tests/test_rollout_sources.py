@@ -81,6 +81,41 @@ def test_partial_rollouts_record_each_tokens_version(tmp_path):
     assert (batch.token_versions[:, :3][mask[:, :3]] == 6).all()  # the first tokens came before the update
 
 
+class _ArrivedInbox:
+    """Weight messages already waiting at the sampler's first drain (then ``("stop",)``)."""
+
+    def __init__(self, messages):
+        self.messages = list(messages)
+
+    def get_nowait(self):
+        if not self.messages:
+            raise queue.Empty
+        return self.messages.pop(0)
+
+    def get(self, timeout=None):
+        return ("stop",)
+
+
+def test_one_sampler_never_samples_a_batch_with_weights_newer_than_the_step_before_it(tmp_path):
+    """Weights published after step 1 reach the sampler's inbox before it starts batch 1 only when
+    it stalled after sending batch 0 for as long as the learner's step 0 took (a loaded CI
+    machine). Batch 1 still starts with the weights of step 0 (what it meets without the stall,
+    so a straight and a resumed run stay equal); the newer ones are held for batch 2."""
+    from reasonrl.rollout.async_source import SamplerWorker
+
+    recipe = mini_recipe(train={"steps": 3}, rollout={"source": "async", "max_staleness": 1, "partial": False})
+    gen = torch.Generator().manual_seed(0)
+    worker = SamplerWorker(recipe, {"step": 0, "generator": gen.get_state(), "sampler": {}})
+    start = {k: v.clone() for k, v in worker.policy.weights().items()}
+    worker._handle(("weights", 0, 0, start))
+    newer = {k: v + 0.05 for k, v in start.items()}
+    out = queue.Queue()
+    worker.loop(_ArrivedInbox([("weights", 1, 1, newer)]), out)
+    versions = [out.get_nowait()[2].policy_version for _ in range(3)]
+    assert versions == [0, 0, 1]
+    assert all(torch.equal(worker.policy.weights()[k], newer[k]) for k in newer)
+
+
 # -- simulated staleness ------------------------------------------------------------------
 
 def test_simulated_staleness_samples_with_the_weights_of_k_versions_ago(tmp_path):

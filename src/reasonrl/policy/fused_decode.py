@@ -75,7 +75,7 @@ class HFDecoder:
     What it leaves out is transformers' work around the operations, which at the embedded model's
     size costs about as much as they do: rebuilding the 4-D mask from the 2-D one each step, the
     decorators' keyword and output handling, the output classes. Quickstart sampling (128 rows, 4
-    layers of width 128, 2 threads): ~15% less time a sampling call (docs/scaling.md)."""
+    layers of width 128, 2 threads): 11–15% less sampling time (docs/scaling.md)."""
 
     def __init__(self, model, min_prefix: int = MIN_SHARED_PREFIX, direct: bool | None = None) -> None:
         self.model = model

@@ -71,6 +71,13 @@ class SamplerWorker:
     did, however long its start took while the learner trained the batch the checkpoint held
     and published newer weights. (A sampler restarted mid-run starts while the
     learner waits for its batch, so with one sampler no newer weights exist then.)
+
+    One sampler without partial rollouts (``hold_newer``: the case ``async_source`` promises exact
+    resume for) never loads, for batch b, weights published after step b − 1. It starts batch b
+    as it sends batch b − 1, which the learner needs before it can publish anything newer, so
+    newer weights are there only if this thread stalled between sending and draining for as long
+    as the learner's step took (a loaded machine: CI); loading them would make the batch, and a
+    checkpoint holding it, depend on that stall. They wait (``held``) for the next batch.
     """
 
     def __init__(self, recipe, start: dict[str, Any]) -> None:
@@ -103,8 +110,12 @@ class SamplerWorker:
         # A prefix check needs μ loaded until the switch: newer weights wait in ``pending``.
         self.verify = recipe.rollout.partial and recipe.rollout.prefix_check is not None and not self.simulated
         self.pending: tuple[int, Any] | None = None
+        self.loaded = -1  # the published step of the weights loaded
+        self.held: tuple[int, int, Any] | None = None  # (version, published, tensors) too new for this batch
+        self.hold_newer = False  # the start's weights are the first batch's, however new (class docstring)
         if start.get("weights") is not None:
             self._handle(("weights", *start["weights"]))
+        self.hold_newer = self.stride == 1 and not recipe.rollout.partial and not recipe.rollout.simulated_staleness
 
     def _handle(self, message) -> None:
         if message[0] == "stop":
@@ -116,13 +127,29 @@ class SamplerWorker:
             return  # every batch is out: late weights are of no use
         if self.recipe.rollout.simulated_staleness:
             self.history[published] = (version, tensors)
-        elif published >= self.published:  # Ray's threaded actors may deliver two sends out of order
+        elif self.hold_newer:
+            if published > max(0, self.step - 1):
+                if self.held is None or published > self.held[1]:
+                    self.held = (version, published, tensors)
+            elif published > self.loaded:  # Ray's threaded actors may deliver two sends out of order
+                self._set(version, published, tensors)
+        elif published >= self.published:  # (out of order, as above)
             if self.verify:
                 self.pending = (version, tensors)
             else:
-                self.policy.set_weights(tensors)
-                self.version = version
+                self._set(version, published, tensors)
         self.published = max(self.published, published)
+
+    def _set(self, version: int, published: int, tensors) -> None:
+        self.policy.set_weights(tensors)
+        self.version, self.loaded = version, published
+
+    def _release_held(self) -> None:
+        """Load the held weights once the batch about to start may use them."""
+        if self.held is not None and self.held[1] <= max(0, self.step - 1):
+            held, self.held = self.held, None
+            if held[1] > self.loaded:
+                self._set(*held)
 
     def _apply_lowrank(self, version: int, published: int, payload: dict) -> None:
         """LoGRA sync: the learner's low-rank updates, applied to the weights held."""
@@ -182,6 +209,7 @@ class SamplerWorker:
                 else:
                     if self.step != first:
                         self._drain(inbox)
+                    self._release_held()
                     self._load()
                 watch = Stopwatch()
                 batch, every, stats = collect(sampler, self.scorer, self.task, r, self.step, self.generator,
