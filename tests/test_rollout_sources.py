@@ -82,7 +82,7 @@ def test_partial_rollouts_record_each_tokens_version(tmp_path):
 
 
 class _ArrivedInbox:
-    """Weight messages already waiting at the sampler's first drain (then ``("stop",)``)."""
+    """Weight messages already waiting at the sampler's first read (then ``("stop",)``)."""
 
     def __init__(self, messages):
         self.messages = list(messages)
@@ -93,17 +93,21 @@ class _ArrivedInbox:
         return self.messages.pop(0)
 
     def get(self, timeout=None):
-        return ("stop",)
+        return self.messages.pop(0) if self.messages else ("stop",)
 
 
-def test_one_sampler_never_samples_a_batch_with_weights_newer_than_the_step_before_it(tmp_path):
-    """Weights published after step 1 reach the sampler's inbox before it starts batch 1 only when
-    it stalled after sending batch 0 for as long as the learner's step 0 took (a loaded CI
-    machine). Batch 1 still starts with the weights of step 0 (what it meets without the stall,
-    so a straight and a resumed run stay equal); the newer ones are held for batch 2."""
+@pytest.mark.parametrize("max_staleness, versions", [(1, [0, 0, 1]), (0, [0, 1])])
+def test_one_sampler_never_samples_a_batch_with_weights_newer_than_the_step_before_it(tmp_path, max_staleness,
+                                                                                       versions):
+    """At one step of staleness, weights published at step 1 reach the sampler's inbox before it
+    starts batch 1 only when it stalled after sending batch 0 for as long as the learner's step 0
+    took (a loaded CI machine). Batch 1 still starts with step 0's weights (what it meets without
+    the stall, so a straight and a resumed run stay equal); the newer ones are held for batch 2.
+    At staleness 0 batch 1 needs exactly those weights, and takes them."""
     from reasonrl.rollout.async_source import SamplerWorker
 
-    recipe = mini_recipe(train={"steps": 3}, rollout={"source": "async", "max_staleness": 1, "partial": False})
+    recipe = mini_recipe(train={"steps": len(versions)},
+                         rollout={"source": "async", "max_staleness": max_staleness, "partial": False})
     gen = torch.Generator().manual_seed(0)
     worker = SamplerWorker(recipe, {"step": 0, "generator": gen.get_state(), "sampler": {}})
     start = {k: v.clone() for k, v in worker.policy.weights().items()}
@@ -111,8 +115,7 @@ def test_one_sampler_never_samples_a_batch_with_weights_newer_than_the_step_befo
     newer = {k: v + 0.05 for k, v in start.items()}
     out = queue.Queue()
     worker.loop(_ArrivedInbox([("weights", 1, 1, newer)]), out)
-    versions = [out.get_nowait()[2].policy_version for _ in range(3)]
-    assert versions == [0, 0, 1]
+    assert [out.get_nowait()[2].policy_version for _ in versions] == versions
     assert all(torch.equal(worker.policy.weights()[k], newer[k]) for k in newer)
 
 

@@ -72,12 +72,14 @@ class SamplerWorker:
     and published newer weights. (A sampler restarted mid-run starts while the
     learner waits for its batch, so with one sampler no newer weights exist then.)
 
-    One sampler without partial rollouts (``hold_newer``: the case ``async_source`` promises exact
-    resume for) never loads, for batch b, weights published after step b − 1. It starts batch b
-    as it sends batch b − 1, which the learner needs before it can publish anything newer, so
-    newer weights are there only if this thread stalled between sending and draining for as long
-    as the learner's step took (a loaded machine: CI); loading them would make the batch, and a
-    checkpoint holding it, depend on that stall. They wait (``held``) for the next batch.
+    One sampler without partial rollouts allowed to run ahead (``hold_newer``: the case
+    ``async_source`` promises exact resume for) never starts batch b with weights whose
+    ``published_step`` is above b − 1. It starts batch b as it sends batch b − 1, which the
+    learner needs before it can publish anything newer, so newer weights are there only if this
+    thread stalled between sending and draining for as long as the learner's step took (a loaded
+    machine: CI); loading them would make the batch, and a checkpoint holding it, depend on that
+    stall. They wait (``held``) for the next batch. (At ``max_staleness: 0`` batch b waits for
+    ``published_step`` b itself, nothing newer can exist, and nothing is held.)
     """
 
     def __init__(self, recipe, start: dict[str, Any]) -> None:
@@ -115,7 +117,8 @@ class SamplerWorker:
         self.hold_newer = False  # the start's weights are the first batch's, however new (class docstring)
         if start.get("weights") is not None:
             self._handle(("weights", *start["weights"]))
-        self.hold_newer = self.stride == 1 and not recipe.rollout.partial and not recipe.rollout.simulated_staleness
+        self.hold_newer = (self.lag >= 1 and self.stride == 1 and not recipe.rollout.partial
+                           and not recipe.rollout.simulated_staleness)
 
     def _handle(self, message) -> None:
         if message[0] == "stop":
