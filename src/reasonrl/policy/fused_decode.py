@@ -49,6 +49,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from reasonrl.params import ConfigError
 from reasonrl.policy.attention import SDPA_GQA
+from reasonrl.policy.lora import base_model
 from reasonrl.policy.prefix import MIN_SHARED_PREFIX, cache_kw, cache_of, prompt_pass
 
 __all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused", "is_fused",
@@ -83,7 +84,7 @@ class HFDecoder:
         self.min_prefix = min_prefix  # the prompts' common prefix runs once from this many tokens on
         self.direct = direct_step_unsupported(model) is None if direct is None else direct
         # The Llama modules the direct step calls (a PEFT model's LoRA layers sit inside them).
-        self.llama = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.llama = base_model(model)
 
     def prefill(self, ids: Tensor, mask: Tensor, g: int, max_new_tokens: int) -> tuple[Tensor, Tensor, Tensor]:
         last, self.cache, layout, last_pos = prompt_pass(self.model, ids, mask, self.min_prefix)
@@ -141,7 +142,7 @@ def direct_step_unsupported(model) -> str | None:
     """Why ``HFDecoder`` must run ``model(...)`` for a decode step rather than its direct step
     (None when it need not): the direct step reproduces transformers' Llama forward with
     ``sdpa`` attention on CPU, where its bit-equality is tested, and nothing else."""
-    llama = model.get_base_model() if hasattr(model, "get_base_model") else model
+    llama = base_model(model)
     cfg = getattr(llama, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) != "llama" or type(llama).__name__ != "LlamaForCausalLM":
         return "not a transformers LlamaForCausalLM"
@@ -196,7 +197,7 @@ class FusedLlamaDecoder:
         cfg = model.config
         self.model = model  # the prefill's forward: through the adapters of a PEFT model
         # The Llama modules the step reads (a PEFT model wraps them; its layers are still there).
-        self.llama = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.llama = base_model(model)
         self.min_prefix = min_prefix
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads

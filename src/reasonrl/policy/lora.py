@@ -21,6 +21,12 @@ def is_peft(model) -> bool:
     return hasattr(model, "peft_config")
 
 
+def base_model(model):
+    """The transformers model under a PEFT wrapper (its LoRA layers sit inside its modules), or
+    ``model`` itself when it has none."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def adapter_state(model) -> dict:
     from peft import get_peft_model_state_dict
 

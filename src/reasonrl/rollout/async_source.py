@@ -47,11 +47,11 @@ at ``max_staleness: 0``, with simulated staleness, and at one step of staleness 
 sampler starts the batch of step b as it sends that of step b − 1, so with the weights
 published after step b − 1 (the oldest it may use, and none newer can exist before step b − 1
 trains; should the sampler stall after sending batch b − 1 for that long, newer ones wait for
-batch b + 1: ``SamplerWorker``'s ``hold_newer``). Beyond that (``partial: true``, which loads weights mid-generation; a sampler allowed
-two or more steps ahead; two or more Ray workers, one of which waits for weights while the
-learner trains another's batch) which weights a batch meets depends on timing, so two
-uninterrupted runs differ too, as in every asynchronous system; a resume then replays the
-saved batches and goes on as such a run could have.
+batch b + 1: ``SamplerWorker``'s ``hold_newer``). Beyond that (``partial: true``, which loads
+weights mid-generation; a sampler allowed two or more steps ahead; two or more Ray workers, one
+of which waits for weights while the learner trains another's batch) which weights a batch
+meets depends on timing, so two uninterrupted runs differ too, as in every asynchronous system;
+a resume then replays the saved batches and goes on as such a run could have.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class SamplerWorker:
         if self.recipe.rollout.simulated_staleness:
             self.history[published] = (version, tensors)
         elif self.hold_newer:
-            if published > max(0, self.step - 1):
+            if published > self._newest_usable():
                 if self.held is None or published > self.held[1]:
                     self.held = (version, published, tensors)
             elif published > self.loaded:  # Ray's threaded actors may deliver two sends out of order
@@ -147,9 +147,13 @@ class SamplerWorker:
         self.policy.set_weights(tensors)
         self.version, self.loaded = version, published
 
+    def _newest_usable(self) -> int:
+        """Under ``hold_newer``: the newest ``published_step`` the batch about to start may use."""
+        return max(0, self.step - 1)
+
     def _release_held(self) -> None:
         """Load the held weights once the batch about to start may use them."""
-        if self.held is not None and self.held[1] <= max(0, self.step - 1):
+        if self.held is not None and self.held[1] <= self._newest_usable():
             held, self.held = self.held, None
             if held[1] > self.loaded:
                 self._set(*held)

@@ -48,6 +48,7 @@ from reasonrl.devices import resolve_device
 from reasonrl.params import ConfigError
 from reasonrl.policy.factory import build_policy
 from reasonrl.policy.hf import HFPolicy
+from reasonrl.policy.lora import base_model
 from reasonrl.hooks import Method
 from reasonrl.registry import OPTIMIZERS, POLICY_LOSSES
 from reasonrl.train.objective import policy_loss_fn, takes_group_ids
@@ -96,7 +97,7 @@ def shard_model(model, precision: str = "fp32"):
     with gradients summed over ranks (the loss is already normalised by the whole mini-batch's
     totals) and, for ``bf16``, FSDP2's mixed precision: bf16 parameters in the forward and
     backward, fp32 gradient reduction and fp32 sharded master weights for the optimiser."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     names = set(getattr(base, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
