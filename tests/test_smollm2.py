@@ -110,3 +110,27 @@ def test_smollm2_distillation_from_itself_is_zero_on_every_trained_token(tmp_pat
     rows = [r for r in read_metrics(tmp_path / "run") if "opd/jsd" in r]
     assert len(rows) == 1 and abs(rows[0]["opd/jsd"]) < 1e-5, rows
     assert rows[0]["opd/teacher_logprob"] == pytest.approx(rows[0]["opd/student_logprob"], abs=1e-4)
+
+
+def test_smollm2_hf_direct_step_samples_what_its_forward_samples(monkeypatch):
+    """The hf decoder's direct step on the real 30-layer GQA model with its real tokenizer (pad ==
+    EOS), a shared few-shot prefix and stop strings: the same completions and sampling log-probs,
+    bit for bit, as transformers' own forward at every step."""
+    pytest.importorskip("gguf", reason="needs the smollm2 extra")
+    from reasonrl.policy import fused_decode
+    from reasonrl.tasks.arithmetic import ArithmeticTask
+
+    policy = load_hf_policy("smollm2-135m")
+    assert policy.decoder == "hf" and fused_decode.direct_step_unsupported(policy.model) is None
+    task = ArithmeticTask(template="Question: What is {expr}?\nAnswer:", few_shot=2)
+    prompts = [p.prompt for p in task.train_problems(0, 3, 0)]
+    runs = []
+    for direct in (True, False):
+        monkeypatch.setattr(fused_decode, "make_decoder",
+                            lambda model, name, *a, d=direct: fused_decode.HFDecoder(model, *a, direct=d))
+        runs.append(policy.sample(prompts, 3, 12, temperature=1.0, generator=torch.Generator().manual_seed(1),
+                                  stop=task.stop_strings))
+    a, b = runs
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    assert torch.equal(a.sample_logprobs, b.sample_logprobs) and a.texts == b.texts
+    assert a.completion_mask.sum() > 9  # it decoded past the first token
