@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: quickstart test embedded bench bench-trl mutants vllm-env verifiers-env openenv-env clean
+.PHONY: quickstart test envs embedded bench bench-trl mutants vllm-env verifiers-env openenv-env clean
 
 # The vLLM rollout engine's own environment (rollout.engine: vllm; docs/vllm.md). The CPU build
 # of vLLM pins transformers below what reasonrl resolves, so it lives beside .venv and its engine
@@ -83,7 +83,13 @@ quickstart: $(STAMP)
 TEST_WORKERS ?= 2
 # The vLLM engine's tests run against .venv-vllm (made first; ~3 min, once), the verifiers
 # environments' against .venv-verifiers (~20 s, once), the OpenEnv server's in .venv-openenv (~1 min, once).
-test: $(STAMP) $(VLLM_STAMP) $(VF_STAMP) $(OE_STAMP)
+# The four environments install side by side (pip waits on the registry and the disk as much as on
+# the CPU): on a clean clone on 2 cores, 3.6 min against ~5.4 min one after the other, on every
+# CI run (.ci/run is `make test` on a fresh clone).
+envs:
+	$(MAKE) -j4 $(STAMP) $(VLLM_STAMP) $(VF_STAMP) $(OE_STAMP)
+
+test: envs
 	# Headless Chromium runs the report page's script in tests/test_report_browser.py (a screenshot-
 	# grade check of the completions browser); without apt or root those tests skip, with a note.
 	command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 || \
