@@ -30,6 +30,10 @@ Learner arms (interleaved, arm order rotating every round, median of ``--repeats
                groups whose sampled answers all scored alike; the loss keeps the whole batch's
                token count, so the gradient is the every-row one, compared like the others).
   new_bf16_skip  the same under ``train.precision: bf16``.
+  new_packed   the new path with the packed training forward (``train.length_buckets: 0``,
+               ``reasonrl.policy.packed``): prefix, suffixes and completions end to end, no padding,
+               one product per weight over all of them, attention per segment.
+  new_bf16_packed  the same under ``train.precision: bf16``.
   new_lora     the new path training LoRA adapters (``model.lora``: r 16, α 32, all linear layers,
                on a copy of the model) instead of all weights: the backward skips the frozen
                weights' gradients (a third of its FLOPs). Another method, not the same
@@ -114,7 +118,9 @@ def learner_flops(policy, batch, arm: dict) -> float:
     c = common_prefix(ids, mask, arm["min_prefix"])
     prompt_tokens = c + int((mask.sum(1) - c).sum()) if c else int(mask.shape[1] * len(firsts))
     lengths = completion_lengths(c_mask).clamp(min=1)
-    if arm["buckets"] > 1:
+    if arm["buckets"] == 0:  # packed: every completion cut at its own length
+        padded = int(lengths.sum())
+    elif arm["buckets"] > 1:
         parts = length_buckets(lengths, arm["buckets"], policy._bucket_overhead())
         padded = sum(len(r) * int(lengths[r].max()) for r in parts) if len(parts) > 1 else c_ids.numel()
     else:
@@ -196,6 +202,9 @@ def main(argv=None) -> None:
             "new_skip": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "skip": True},
             "new_bf16_skip": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads,
                               "bf16": True, "skip": True},
+            "new_packed": {"min_prefix": policy.min_shared_prefix, "buckets": 0, "threads": args.threads},
+            "new_bf16_packed": {"min_prefix": policy.min_shared_prefix, "buckets": 0, "threads": args.threads,
+                                "bf16": True},
             "new_lora": {"min_prefix": policy.min_shared_prefix, "buckets": 4, "threads": args.threads, "lora": True}}
     fwd: dict[str, list[float]] = {k: [] for k in arms}
     bwd: dict[str, list[float]] = {k: [] for k in arms}
@@ -295,12 +304,16 @@ def main(argv=None) -> None:
     step_bf16 = samp["fused_prefix_bf16"] + rows["new_bf16"]["learner_s"] + optimizer_s
     step_skip = samp["fused_prefix"] + rows["new_skip"]["learner_s"] + optimizer_s
     step_bf16_skip = samp["fused_prefix_bf16"] + rows["new_bf16_skip"]["learner_s"] + optimizer_s
+    step_packed = samp["fused_prefix"] + rows["new_packed"]["learner_s"] + optimizer_s
+    step_bf16_packed = samp["fused_prefix_bf16"] + rows["new_bf16_packed"]["learner_s"] + optimizer_s
     left_out = 1 - len(kept) / len(groups)
     print(f"step  old {step_old:.2f} s   new {step_new:.2f} s   ratio {step_new / step_old:.3f}   "
           f"bf16 {step_bf16:.2f} s   ratio {step_bf16 / step_old:.3f}   "
           f"LoRA {step_lora:.2f} s   ratio {step_lora / step_old:.3f} (another method: see the docstring)")
     print(f"rows without advantage left out ({left_out:.0%} of this batch's rows): step {step_skip:.2f} s   ratio "
           f"{step_skip / step_old:.3f}   bf16 {step_bf16_skip:.2f} s   ratio {step_bf16_skip / step_old:.3f}")
+    print(f"packed training forward: step {step_packed:.2f} s   ratio {step_packed / step_old:.3f}   "
+          f"bf16 {step_bf16_packed:.2f} s   ratio {step_bf16_packed / step_old:.3f}")
     if compile_row:
         print(f"torch.compile (new path): first step {compile_row['first_step_s']} s, then {compile_row['step_s']} s "
               f"(uncompiled {rows['new']['learner_s']} s)")
@@ -316,6 +329,9 @@ def main(argv=None) -> None:
                       "rows_left_out": round(left_out, 3), "step_skip_s": round(step_skip, 2),
                       "step_skip_ratio": round(step_skip / step_old, 3), "step_bf16_skip_s": round(step_bf16_skip, 2),
                       "step_bf16_skip_ratio": round(step_bf16_skip / step_old, 3),
+                      "step_packed_s": round(step_packed, 2), "step_packed_ratio": round(step_packed / step_old, 3),
+                      "step_bf16_packed_s": round(step_bf16_packed, 2),
+                      "step_bf16_packed_ratio": round(step_bf16_packed / step_old, 3),
                       "compile": compile_row}))
 
 

@@ -18,7 +18,7 @@ After the race, the levers behind reasonrl's speed are measured one at a time on
 the same batch: one prefill per group in sampling, the shared-prompt training pass,
 LM-head logits at completion positions only, and the skipped old-log-prob pass.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2] [--decoder hf|fused] [--precision fp32|bf16]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--threads 2] [--decoder hf|fused] [--precision fp32|bf16] [--length-buckets 0]
 
 ``--precision bf16`` races both in each framework's own bf16 setting: TRL's ``bf16=True``
 (accelerate's mixed precision: autocast over float32 weights) against our ``train.precision: bf16``
@@ -119,7 +119,8 @@ def build_ours(args, model_path: str, task_params: dict):
         "loss": {"policy": "ppo_clip", "agg": "token-mean", "kl": {"coef": 0.0}},
         "optim": {"lr": 1e-6, "warmup_steps": 0},
         "train": {"steps": args.steps, "prompts_per_step": args.prompts, "micro_batch_size": 64,
-                  "seed": 0, "checkpoint_every": 10**9, "precision": args.precision},
+                  "seed": 0, "checkpoint_every": 10**9, "precision": args.precision,
+                  "length_buckets": args.length_buckets},
         "eval": {"size": 0},
         "log": {"plots": False, "progress": False},
     }, "vs_trl")
@@ -173,9 +174,10 @@ def levers(policy, problems, args) -> None:
     args_ = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
     t = s.completion_ids.shape[1]
 
-    def train_pass(group_ids):
+    def train_pass(group_ids, length_buckets=1):
         def run():
-            logp, _ = policy.completion_logprobs(*args_, group_ids=group_ids, with_entropy=True)
+            logp, _ = policy.completion_logprobs(*args_, group_ids=group_ids, with_entropy=True,
+                                                 length_buckets=length_buckets)
             (logp * s.completion_mask).sum().backward()
             policy.model.zero_grad(set_to_none=True)
         return run
@@ -196,6 +198,7 @@ def levers(policy, problems, args) -> None:
         ("sampling: prompt repeated G times", timed(lambda: policy.sample([p for p in prompts for _ in range(g)], 1,
                                                                           budget, 1.0, generator=gen))),
         ("train fwd+bwd: shared prompt", timed(train_pass(groups))),
+        ("train fwd+bwd: shared prompt, packed", timed(train_pass(groups, 0))),
         ("train fwd+bwd: prompt per row", timed(train_pass(None))),
         ("no-grad fwd: completion logits only", timed(completion_logits_forward)),
         ("no-grad fwd: logits at every position", timed(full_logits_forward)),
@@ -220,6 +223,9 @@ def main() -> None:
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="both frameworks' training precision (bf16: TRL's bf16=True, our train.precision bf16 "
                          "and a bf16 sampling copy)")
+    ap.add_argument("--length-buckets", type=int, default=4,
+                    help="our train.length_buckets (default: the recipe default, 4 padded forwards at most); "
+                         "0 packs the training forward (reasonrl.policy.packed)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -29,6 +29,8 @@ def test_two_ranks_take_the_single_process_step(tmp_path, model):
         if model.endswith("lora"):  # only the adapters train (and are sharded, beside the frozen base)
             sections["model"]["lora"] = {"r": 4, "alpha": 8}
             sections["optim"] = {"lr": 1e-3}
+            # ... through the packed training forward (reasonrl.policy.packed) on both sides.
+            sections["train"]["length_buckets"] = 0
     elif model == "critic":
         sections.update(advantage={"name": "gae", "gamma": 1.0, "lam": 0.95},
                         methods=[{"name": "critic", "lr": 1e-4, "warmup_steps": 1}])

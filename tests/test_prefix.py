@@ -125,12 +125,14 @@ def test_one_bucket_chosen_is_the_unbucketed_pass_to_the_bit():
     assert torch.equal(one[0], four[0]) and torch.equal(one[1], four[1])
 
 
-def test_a_training_step_in_length_buckets_makes_the_same_update(tmp_path, monkeypatch):
-    """train.length_buckets through the trainer: the loss (its totals, the entropy bonus, the
-    micro-batch split) and so the update are those of one padded forward."""
+@pytest.mark.parametrize("buckets", [4, 0], ids=["buckets", "packed"])
+def test_a_training_step_in_length_buckets_makes_the_same_update(tmp_path, monkeypatch, buckets):
+    """train.length_buckets through the trainer (0: the packed forward, tests/test_packed.py): the
+    loss (its totals, the entropy bonus, the micro-batch split) and so the update are those of one
+    padded forward."""
     monkeypatch.setattr(HFPolicy, "_bucket_overhead", lambda self: 0)  # the mini model would never split
     results = []
-    for i, buckets in enumerate((1, 4)):
+    for i, buckets in enumerate((1, buckets)):
         recipe = mini_recipe(train={"steps": 1, "micro_batch_size": 6, "length_buckets": buckets}, eval={"size": 0},
                              loss={"agg": "seq-mean-token-mean", "entropy_coef": 0.1},
                              rollout={"num_generations": 4, "max_new_tokens": 24, "stop": ["*"]})
@@ -139,6 +141,7 @@ def test_a_training_step_in_length_buckets_makes_the_same_update(tmp_path, monke
     (a, ma), (b, mb) = results
     assert ma["grad_norm"] > 0 and ma["response_length/max"] > ma["response_length/mean"]  # rows of several lengths
     assert mb["entropy"] == pytest.approx(ma["entropy"], rel=1e-5)
+    assert mb["grad_norm"] == pytest.approx(ma["grad_norm"], rel=1e-4)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
 

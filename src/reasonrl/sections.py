@@ -268,11 +268,14 @@ class TrainConfig:
     share_prompt: bool = True
     """Run each group's prompt once in the training forward and expand its KV cache to the
     group (exact; pays off when prompts are long, e.g. few-shot)."""
-    length_buckets: Annotated[int, Range(ge=1)] = 4
+    length_buckets: Annotated[int, Range(ge=0)] = 4
     """With ``share_prompt``: at most this many forwards per micro-batch, each over rows of similar
     completion length padded only to its own longest row, so the padding after a short completion
     is not computed (exact up to float rounding; a model whose forward call costs more than the
-    tokens saved, like the embedded one, keeps one). 1: one forward padded to the longest row."""
+    tokens saved, like the embedded one, keeps one). 1: one forward padded to the longest row.
+    0: one packed forward: the common prompt prefix, each prompt's suffix and each completion up
+    to its last token laid end to end without padding, attention per segment (exact up to float
+    rounding; transformers' Llama with sdpa attention; docs/scaling.md, "Packed training forward")."""
     skip_zero_advantage: bool = False
     """Leave rows whose advantages are all 0 (a group that agreed on its reward, under GRPO) out of
     the learner's forward and backward. Their loss and gradient are exactly 0 and the mini-batch's

@@ -18,11 +18,14 @@ SmolLM2-135M (9 query heads over 3 key/value heads), bf16, 2 threads: see
 from __future__ import annotations
 
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["SDPA_GQA", "sdpa_gqa", "use_sdpa_gqa"]
+from reasonrl.policy.lora import base_model, other_adapters
+from reasonrl.policy.packed import PACKED_KWARG, packed_attention
+
+__all__ = ["SDPA_GQA", "sdpa_gqa", "use_sdpa_gqa", "packed_unsupported"]
 
 SDPA_GQA = "reasonrl_sdpa"
 
@@ -31,6 +34,9 @@ def sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, sc
              is_causal: bool | None = None, **kwargs):
     """transformers' attention-function signature: ``query [B, H, Q, d]``, ``key``/``value``
     ``[B, K, T, d]``, returns ``([B, Q, H, d], None)``."""
+    layout = kwargs.get(PACKED_KWARG)
+    if layout is not None:  # a packed training forward (reasonrl.policy.packed): attention per segment
+        return packed_attention(query, key, value, layout, dropout, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1 and attention_mask is not None and query.device.type == "cpu" and query.shape[2] > 1 \
             and kwargs.get("position_bias") is None and kwargs.get("softcap") is None \
@@ -53,3 +59,20 @@ def use_sdpa_gqa(model) -> None:
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(SDPA_GQA)
+
+
+def packed_unsupported(model) -> str | None:
+    """Why ``model`` cannot run a packed training forward (``reasonrl.policy.packed``), or None.
+    Its equality with the padded forward is tested on transformers' Llama with ``sdpa_gqa``, the
+    attention function that reads the packed layout; other families may add what the per-segment
+    attention does not apply (sliding windows, soft-capping), so they are refused, as are eager,
+    flash and flex attention and PEFT adapters other than LoRA."""
+    llama = base_model(model)
+    config = getattr(llama, "config", None)
+    if config is None or not isinstance(llama, LlamaForCausalLM):  # FSDP2 subclasses the model's class
+        return f"it is a {type(llama).__name__}, not a transformers LlamaForCausalLM"
+    if config._attn_implementation != SDPA_GQA:
+        return f"its attention implementation is {config._attn_implementation!r}, not transformers' sdpa"
+    if other_adapters(model):
+        return "it carries a PEFT adapter other than LoRA"
+    return None

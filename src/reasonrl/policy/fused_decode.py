@@ -49,7 +49,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from reasonrl.params import ConfigError
 from reasonrl.policy.attention import SDPA_GQA
-from reasonrl.policy.lora import base_model
+from reasonrl.policy.lora import base_model, other_adapters
 from reasonrl.policy.prefix import MIN_SHARED_PREFIX, cache_kw, cache_of, prompt_pass
 
 __all__ = ["HFDecoder", "FusedLlamaDecoder", "make_decoder", "fused_unsupported", "require_fused", "is_fused",
@@ -148,7 +148,7 @@ def direct_step_unsupported(model) -> str | None:
         return "not a transformers LlamaForCausalLM"
     if getattr(cfg, "_attn_implementation", None) not in _DIRECT_ATTENTION:
         return f"attention {cfg._attn_implementation!r} (the direct step builds sdpa's mask)"
-    if any(getattr(c, "peft_type", None) != "LORA" for c in getattr(model, "peft_config", {}).values()):
+    if other_adapters(model):
         return "a PEFT adapter other than LoRA (prompt or prefix tuning act outside the modules it calls)"
     if next(llama.parameters()).device.type != "cpu":
         return "not on CPU"

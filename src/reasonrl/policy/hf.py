@@ -28,8 +28,9 @@ from reasonrl.algos.masked import group_first_rows, group_inverse
 from reasonrl.policy.prefix import (MIN_SHARED_PREFIX, cache_kw, completion_lengths, fork_cache, length_buckets as length_buckets_of,
                                     prompt_pass)
 from reasonrl.policy.sampling import Samples, cut_at_stop, position_ids_from_mask, sample_completions
-from reasonrl.policy.attention import use_sdpa_gqa
+from reasonrl.policy.attention import packed_unsupported, use_sdpa_gqa
 from reasonrl.policy.fused_decode import FUSED_INT8, is_fused, require_int8
+from reasonrl.policy.packed import PACKED_KWARG, pack
 
 __all__ = ["HFPolicy", "Samples", "cut_at_stop", "position_ids_from_mask", "token_logprobs_and_entropy"]
 
@@ -271,12 +272,18 @@ class HFPolicy:
         ``length_buckets`` > 1 (``train.length_buckets``, with ``group_ids``): the rows run in
         up to that many forwards of similar completion length, each padded only to its own
         longest row (``reasonrl.policy.prefix.length_buckets``); positions after that longest row
-        are then not computed and read 0 (they are all after the row's last attended token)."""
+        are then not computed and read 0 (they are all after the row's last attended token).
+        ``length_buckets`` 0: one packed forward without padding (``reasonrl.policy.packed``);
+        every position after a row's last attended token reads 0. A model whose attention cannot
+        run it (:func:`reasonrl.policy.attention.packed_unsupported`) takes one padded forward."""
         prompt_ids, prompt_mask, completion_ids, completion_mask = self.on_device(
             prompt_ids, prompt_mask, completion_ids, completion_mask)
         if not self._shares_prompts(group_ids):
             logits = self._row_logits(prompt_ids, prompt_mask, completion_ids, completion_mask)
             return token_logprobs_and_entropy(logits, completion_ids, temperature, with_entropy)
+        if length_buckets == 0 and packed_unsupported(self.model) is None:
+            return self._packed_logprobs(prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids,
+                                         temperature, with_entropy)
         n, t = completion_ids.shape
         buckets = []
         if length_buckets > 1:
@@ -301,6 +308,28 @@ class HFPolicy:
             logp = logp.index_put((rows,), F.pad(lp, (0, pad)))
             if with_entropy:
                 entropy = entropy.index_put((rows,), F.pad(ent, (0, pad)))
+        return logp, entropy
+
+    def _packed_logprobs(self, prompt_ids, prompt_mask, completion_ids, completion_mask, group_ids, temperature: float,
+                         with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """``completion_logprobs`` through one packed forward (``reasonrl.policy.packed``)."""
+        inverse, num_groups = group_inverse(group_ids.to(completion_ids.device))
+        first = group_first_rows(inverse, num_groups)
+        layout = pack(prompt_ids[first], prompt_mask[first], completion_ids, completion_mask, inverse,
+                      self.min_shared_prefix)
+        with self.compute():
+            # A prepared 4-D mask goes to the attention function as it is, so transformers builds
+            # no [L, L] mask of its own (nor its packed-sequence mask from the positions); the
+            # layout says who attends to whom.
+            prepared = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=layout.ids.device)
+            out = self.model(input_ids=layout.ids, position_ids=layout.positions, attention_mask=prepared,
+                             use_cache=False, logits_to_keep=layout.keep, **{PACKED_KWARG: layout})
+        logits = out.logits[0].index_select(0, layout.predict)
+        lp, ent = token_logprobs_and_entropy(logits, layout.targets, temperature, with_entropy)
+        n, t = completion_ids.shape
+        flat = lp.new_zeros(n * t)
+        logp = flat.index_copy(0, layout.dest, lp).view(n, t)
+        entropy = flat.index_copy(0, layout.dest, ent).view(n, t) if with_entropy else None
         return logp, entropy
 
     def _shares_prompts(self, group_ids: Tensor | None) -> bool:

@@ -27,6 +27,12 @@ def base_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def other_adapters(model) -> bool:
+    """Whether ``model`` carries a PEFT adapter other than LoRA (prompt or prefix tuning act on
+    the inputs or the KV cache, outside the modules a hand-written forward calls)."""
+    return any(getattr(c, "peft_type", None) != "LORA" for c in getattr(model, "peft_config", {}).values())
+
+
 def adapter_state(model) -> dict:
     from peft import get_peft_model_state_dict
 

@@ -44,6 +44,7 @@ from reasonrl.policy.factory import build_policy
 from reasonrl.registry import ADVANTAGES, KL_ESTIMATORS, ROLLOUT_SOURCES, SELECTORS, TOKEN_REWARDS
 from reasonrl.rewards.scorer import build_scorer
 from reasonrl.rewards.token_level import dense_token_rewards
+from reasonrl.policy.attention import packed_unsupported
 from reasonrl.rollout.collect import check_rollout_fits
 from reasonrl.rollout.samplers import build_sampler
 from reasonrl.rollout.sources import SourceContext
@@ -134,6 +135,11 @@ class Trainer:
         # Every prompt against the context, before anything tokenises a (possibly huge) row.
         fit_prompt_lengths(r, self.policy, self.task, self.evaluator, self.log)
         check_rollout_fits(r, self.policy, self.task)
+        if r.train.length_buckets == 0 and r.train.share_prompt and not r.train.gradient_checkpointing:
+            why = packed_unsupported(self.policy.model)
+            if why is not None:
+                raise ConfigError(f"train.length_buckets: 0 packs the training forward, which this model cannot run: "
+                                  f"{why}; set train.length_buckets to 1 or more")
         # The reference model exists only when a KL term uses it.
         self.ref_policy = build_policy(r.model, log=self.log, trainable=False, precision=r.train.precision) \
             if r.loss.kl.coef > 0 else None
