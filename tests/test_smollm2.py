@@ -134,3 +134,33 @@ def test_smollm2_hf_direct_step_samples_what_its_forward_samples(monkeypatch):
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
     assert torch.equal(a.sample_logprobs, b.sample_logprobs) and a.texts == b.texts
     assert a.completion_mask.sum() > 9  # it decoded past the first token
+
+
+def test_smollm2_packed_pass_equals_the_row_by_row_pass():
+    """The packed training forward (``train.length_buckets: 0``) on the real 30-layer GQA model
+    with its real tokenizer (pad == EOS), a shared few-shot prefix and stop strings (rows of
+    several lengths): log-probs, entropies and gradients of the row-by-row pass."""
+    pytest.importorskip("gguf", reason="needs the smollm2 extra")
+    from reasonrl.policy.prefix import common_prefix, completion_lengths
+    from reasonrl.tasks.arithmetic import ArithmeticTask
+
+    policy = load_hf_policy("smollm2-135m")
+    task = ArithmeticTask(template="Question: What is {expr}?\nAnswer:", few_shot=2)
+    prompts = [p.prompt for p in task.train_problems(0, 4, 0)]
+    s = policy.sample(prompts, 4, 16, temperature=1.0, generator=torch.Generator().manual_seed(0),
+                      stop=task.stop_strings)
+    assert common_prefix(s.prompt_ids, s.prompt_mask) > 16 and len(set(completion_lengths(s.completion_mask).tolist())) > 1
+    args = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
+    watched = [policy.model.model.embed_tokens.weight, policy.model.model.layers[0].self_attn.k_proj.weight,
+               policy.model.model.layers[29].mlp.down_proj.weight]
+    results = []
+    for kw in ({}, {"group_ids": torch.arange(4).repeat_interleave(4), "length_buckets": 0}):
+        logp, ent = policy.completion_logprobs(*args, with_entropy=True, **kw)
+        grads = torch.autograd.grad((logp * s.completion_mask).sum(), watched)
+        results.append((logp.detach(), ent.detach(), grads))
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
+    m = s.completion_mask.bool()
+    torch.testing.assert_close(lp_b[m], lp_a[m], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ent_b[m], ent_a[m], atol=1e-4, rtol=1e-4)
+    for a, b in zip(g_a, g_b):
+        assert (b - a).norm() / a.norm() < 1e-4
