@@ -155,8 +155,7 @@ def packed_attention(query: Tensor, key: Tensor, value: Tensor, layout: PackedLa
     c = layout.prefix
     parts = []
     if c:
-        parts.append(attend(q[:c].transpose(0, 1)[None], k[:c].transpose(0, 1)[None], v[:c].transpose(0, 1)[None],
-                            is_causal=True))
+        parts.append(attend(query[:, :, :c], key[:, :, :c], value[:, :, :c], is_causal=True))
     parts.append(attend(gather(q, layout.suffix_q), gather(k, layout.suffix_k), gather(v, layout.suffix_k),
                         attn_mask=layout.suffix_mask))
     parts.append(attend(gather(q, layout.completion_q), gather(k, layout.completion_k), gather(v, layout.completion_k),
