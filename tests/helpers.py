@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.config import flatten, load_recipe, recipe_from_dict
 from reasonrl.registry import REWARDS
@@ -48,6 +49,18 @@ def mini_policy(seed: int = 0, pad_is_eos: bool = False, decoder: str = "hf") ->
     pol = HFPolicy(new_tiny_model(spec, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id), tok)
     pol.decoder = decoder
     return pol
+
+
+def gqa_policy(seed: int = 0) -> HFPolicy:
+    """A random Llama with grouped key/value heads (SmolLM2's attention: several query heads a
+    key/value head), pad == EOS."""
+    tok = build_char_tokenizer()
+    tok.pad_token = tok.eos_token
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa",
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    return HFPolicy(LlamaForCausalLM(cfg), tok)
 
 
 def recipe_diff(a: str, b: str, overrides: tuple[str, ...] = ()) -> set[str]:

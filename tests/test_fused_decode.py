@@ -11,7 +11,7 @@ from reasonrl.config import ConfigError, LoraConfig, ModelConfig
 from reasonrl.policy.fused_decode import FusedLlamaDecoder, HFDecoder, direct_step_unsupported, fused_unsupported
 from reasonrl.policy.sampling import _draw_inverse_cdf, position_ids_from_mask
 
-from helpers import MINI_TINY, mini_policy
+from helpers import MINI_TINY, gqa_policy, mini_policy
 
 
 ATOL_BF16 = 0.25
@@ -24,18 +24,23 @@ PROMPT_SETS = {"own": ["1+2;", "(12+3)*4;", "7;"],
 
 
 @pytest.mark.parametrize("prompts", list(PROMPT_SETS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "autocast"])
 def test_fused_step_equals_transformers_decode(dtype, prompts):
     """Prefill, decode steps over left-padded prompts of different lengths, a compaction and more
-    steps: the logits equal transformers' decode up to float rounding (products in another order)."""
+    steps: the logits equal transformers' decode up to float rounding (products in another order).
+    ``autocast``: a float32 model under bf16 autocast, as a ``train.precision: bf16`` policy
+    samples itself (its products return bf16)."""
     from reasonrl.policy.tiny import load_tiny_policy
 
     pol = load_tiny_policy()  # trained: logits of size ~10, so a wrong term would show
-    model = pol.model.to(dtype).eval()
+    model = pol.model.to(torch.float32 if dtype == "autocast" else dtype).eval()
     ids, mask = pol.encode_prompts(PROMPT_SETS[prompts])
     ref, fused = HFDecoder(model), FusedLlamaDecoder(model)
-    atol = 1e-4 if dtype == torch.float32 else ATOL_BF16
-    with torch.no_grad():
+    # Under autocast the scores, too, are rounded to bf16 (transformers' sdpa and the fused
+    # products alike, in other orders): one logit of 132 differed by 0.37 before this decoder's
+    # grouped prompt attention as after it.
+    atol = {torch.float32: 1e-4, torch.bfloat16: ATOL_BF16, "autocast": 2 * ATOL_BF16}[dtype]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "autocast"):
         (a, a_mask, a_last), (b, b_mask, b_last) = ref.prefill(ids, mask, 2, 12), fused.prefill(ids, mask, 2, 12)
         torch.testing.assert_close(b, a)
         assert torch.equal(a_mask, b_mask) and torch.equal(a_last, b_last)
@@ -58,6 +63,42 @@ def test_fused_step_equals_transformers_decode(dtype, prompts):
                 ref.select(keep), fused.select(keep)
                 mask, pos = mask[keep], pos[keep]
     assert compared == 10
+
+
+@pytest.mark.parametrize("prompts", list(PROMPT_SETS))
+def test_grouped_prompt_attention_equals_transformers_decode_with_grouped_heads(prompts):
+    """The fused step reads each prompt's keys once for its G rows (``_by_prompt``): with grouped
+    key/value heads (2 query heads a key head, as SmolLM2's 3 a head), G = 4 rows a prompt, and a
+    compaction that leaves groups of 3, 1 and 2 rows, its logits are transformers' decode's. The
+    attention is made sharp (queries and keys scaled up) and the head loud, so that a row reading
+    another prompt's keys, or another head's, moves the logits by far more than the tolerance."""
+    pol = gqa_policy(seed=3)
+    model = pol.model.eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+            layer.self_attn.k_proj.weight.mul_(4.0)
+        model.lm_head.weight.mul_(30.0)
+    ids, mask = pol.encode_prompts(PROMPT_SETS[prompts])
+    g = 4
+    ref, fused = HFDecoder(model), FusedLlamaDecoder(model)
+    with torch.no_grad():
+        (a, a_mask, a_last), (b, _, _) = ref.prefill(ids, mask, g, 12), fused.prefill(ids, mask, g, 12)
+        torch.testing.assert_close(b, a)
+        mask, pos = a_mask.repeat_interleave(g, 0), a_last.unsqueeze(1).repeat_interleave(g, 0) + 1
+        gen = torch.Generator().manual_seed(0)
+        for t in range(9):
+            tok = torch.randint(0, len(pol.tokenizer), (mask.shape[0],), generator=gen)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], -1)
+            a, b = ref.step(tok, mask, pos), fused.step(tok, mask, pos)
+            torch.testing.assert_close(b, a, atol=2e-4, rtol=0)
+            assert a.std(-1).min() > 1.0  # loud logits
+            pos = pos + 1
+            if t == 3:  # prompt 0 keeps rows 0, 1, 3; prompt 1 keeps row 6; prompt 2 keeps rows 8, 11
+                keep = torch.tensor([0, 1, 3, 6, 8, 11])
+                ref.select(keep), fused.select(keep)
+                mask, pos = mask[keep], pos[keep]
+    assert a.shape[0] == 6
 
 
 def test_inverse_cdf_draws_the_distribution_and_never_a_zero():

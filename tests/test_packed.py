@@ -5,18 +5,15 @@ A trainer step's update: tests/test_prefix.py; two FSDP2 ranks: tests/test_fsdp.
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from reasonrl.params import ConfigError
 from reasonrl.policy.attention import packed_unsupported
-from reasonrl.policy.char_tokenizer import build_char_tokenizer
-from reasonrl.policy.hf import HFPolicy
 from reasonrl.policy.packed import pack
 from reasonrl.policy.prefix import completion_lengths
 from reasonrl.train import trainer as trainer_module
 from reasonrl.train.trainer import Trainer
 
-from helpers import assert_shared_pass_equals_row_pass, mini_policy, mini_recipe
+from helpers import assert_shared_pass_equals_row_pass, gqa_policy, mini_policy, mini_recipe
 
 SHOTS = "1+1=2;2+2=4;3+3=6;4+"
 PROMPTS = [SHOTS + "4;", SHOTS + "4;(3+4)*5;", SHOTS + "4;12*9+20;"]  # a common prefix of >= 16 tokens
@@ -54,22 +51,10 @@ def test_packed_layout_by_hand():
     assert lay.dest.tolist() == [0, 1, 3, 4, 5, 6]
 
 
-def _gqa_policy(seed: int = 0) -> HFPolicy:
-    """A random Llama with grouped key/value heads (SmolLM2's attention: several query heads a
-    key/value head), pad == EOS."""
-    tok = build_char_tokenizer()
-    tok.pad_token = tok.eos_token
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa",
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    return HFPolicy(LlamaForCausalLM(cfg), tok)
-
-
 @pytest.mark.parametrize("prompts", [PROMPTS, DISTINCT], ids=["common-prefix", "no-prefix"])
 @pytest.mark.parametrize("model", ["mini", "gqa"])
 def test_the_packed_pass_equals_the_row_by_row_pass(model, prompts):
-    pol = mini_policy(seed=2, pad_is_eos=True) if model == "mini" else _gqa_policy()
+    pol = mini_policy(seed=2, pad_is_eos=True) if model == "mini" else gqa_policy()
     assert packed_unsupported(pol.model) is None
     s = pol.sample(prompts, 4, 10, temperature=1.0, generator=torch.Generator().manual_seed(3), stop=["*", ";"])
     lengths = completion_lengths(s.completion_mask)
@@ -97,7 +82,7 @@ def test_the_packed_pass_equals_the_row_by_row_pass(model, prompts):
 def test_the_packed_pass_in_bf16_is_as_near_float32_as_the_padded_pass():
     """Under ``train.precision: bf16`` the packed pass rounds differently from the padded one, by
     as much as bf16 rounds at all: both stay as near the float32 log-probs."""
-    pol = _gqa_policy(seed=1)
+    pol = gqa_policy(seed=1)
     s = pol.sample(PROMPTS * 2, 4, 12, temperature=1.0, generator=torch.Generator().manual_seed(0))
     args = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
     groups = torch.arange(6).repeat_interleave(4)
