@@ -5,10 +5,12 @@ A trainer step's update: tests/test_prefix.py; two FSDP2 ranks: tests/test_fsdp.
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from reasonrl.params import ConfigError
 from reasonrl.policy.attention import packed_unsupported
-from reasonrl.policy.packed import pack
+from reasonrl.policy import packed as packing
+from reasonrl.policy.packed import grouped_attention, pack
 from reasonrl.policy.prefix import completion_lengths
 from reasonrl.train import trainer as trainer_module
 from reasonrl.train.trainer import Trainer
@@ -51,9 +53,14 @@ def test_packed_layout_by_hand():
     assert lay.dest.tolist() == [0, 1, 3, 4, 5, 6]
 
 
+@pytest.mark.parametrize("attention", ["kernel", "grouped"])
 @pytest.mark.parametrize("prompts", [PROMPTS, DISTINCT], ids=["common-prefix", "no-prefix"])
 @pytest.mark.parametrize("model", ["mini", "gqa"])
-def test_the_packed_pass_equals_the_row_by_row_pass(model, prompts):
+def test_the_packed_pass_equals_the_row_by_row_pass(model, prompts, attention, monkeypatch):
+    """``grouped``: the attention bf16 takes (``grouped_attention``), run here in float32 so that
+    the comparison is exact to float32 rounding."""
+    if attention == "grouped":
+        monkeypatch.setattr(packing, "use_grouped_attention", lambda query, dropout: True)
     pol = mini_policy(seed=2, pad_is_eos=True) if model == "mini" else gqa_policy()
     assert packed_unsupported(pol.model) is None
     s = pol.sample(prompts, 4, 10, temperature=1.0, generator=torch.Generator().manual_seed(3), stop=["*", ";"])
@@ -79,9 +86,38 @@ def test_the_packed_pass_equals_the_row_by_row_pass(model, prompts):
     assert (packed[0][row, 2:] - whole[0][row, 2:]).abs()[m[row, 2:]].max() > 1e-4  # the hole is felt
 
 
-def test_the_packed_pass_in_bf16_is_as_near_float32_as_the_padded_pass():
+def test_grouped_attention_is_softmax_attention_over_the_grouped_heads():
+    """``grouped_attention`` against torch's attention (math kernel, float32) on random inputs with
+    3 query heads a key head and a random mask: the same outputs and gradients within float32
+    rounding; in bf16 within bf16's."""
+    gen = torch.Generator().manual_seed(0)
+    q = (3 * torch.randn(2, 6, 5, 8, generator=gen)).requires_grad_()
+    k = (3 * torch.randn(2, 2, 7, 8, generator=gen)).requires_grad_()
+    v = torch.randn(2, 2, 7, 8, generator=gen).requires_grad_()
+    mask = torch.rand(2, 1, 5, 7, generator=gen) < 0.6
+    mask[..., 0] = True  # every query reads at least one key
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    got = grouped_attention(q, k, v, mask, 0.3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    w = torch.randn(want.shape, generator=gen)
+    grads_want = torch.autograd.grad((want * w).sum(), (q, k, v))
+    grads_got = torch.autograd.grad((got * w).sum(), (q, k, v))
+    for a, b in zip(grads_got, grads_want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    half = grouped_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.3)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), want, atol=0.1, rtol=0.05)
+    assert (want - grouped_attention(q, k, v, torch.ones_like(mask), 0.3)).abs().max() > 0.5  # the mask matters
+
+
+def test_the_packed_pass_in_bf16_is_as_near_float32_as_the_padded_pass(monkeypatch):
     """Under ``train.precision: bf16`` the packed pass rounds differently from the padded one, by
-    as much as bf16 rounds at all: both stay as near the float32 log-probs."""
+    as much as bf16 rounds at all: both stay as near the float32 log-probs. Its attention is
+    ``grouped_attention`` there (exact in float32: the equality test above, ``grouped``)."""
+    calls = []
+    monkeypatch.setattr(packing, "grouped_attention",
+                        lambda *a, real=packing.grouped_attention: calls.append(torch.is_autocast_enabled("cpu")) or real(*a))
     pol = gqa_policy(seed=1)
     s = pol.sample(PROMPTS * 2, 4, 12, temperature=1.0, generator=torch.Generator().manual_seed(0))
     args = (s.prompt_ids, s.prompt_mask, s.completion_ids, s.completion_mask)
@@ -95,6 +131,7 @@ def test_the_packed_pass_in_bf16_is_as_near_float32_as_the_padded_pass():
     err_padded, err_packed = (padded - exact).abs()[m].mean(), (packed - exact).abs()[m].mean()
     assert err_padded > 0 and err_packed > 0  # bf16 did round
     assert err_packed < 2 * err_padded
+    assert calls and all(calls)  # the packed bf16 pass took it, and only that pass
 
 
 def test_a_model_that_cannot_pack_takes_the_padded_pass():
