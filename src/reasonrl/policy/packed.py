@@ -176,7 +176,8 @@ def use_grouped_attention(query: Tensor, dropout: float) -> bool:
     """Whether :func:`packed_attention` runs :func:`grouped_attention` rather than torch's kernel:
     on a CPU in half precision (the learner under bf16 autocast, whose queries and keys arrive in
     float32 from the rotary embedding and whose products autocast runs in bf16; or a half-precision
-    model), where it is faster than the CPU flash kernel at these short segments and as exact.
+    model), where it is faster than the CPU flash kernel at these short segments, its log-probs as
+    near float32 and its gradient a little further (docs/scaling.md, "Packed training forward").
     Float32 keeps the kernel, which beats float32 products; dropout needs the kernel; a GPU's
     attention kernels are another matter, not measured."""
     device = query.device.type
@@ -190,14 +191,15 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, s
     (query head ``h`` reads key head ``h // (H/K)``) and a boolean ``mask`` ``[B, 1, X, Y]`` (True: may
     attend; every query has at least one key). The H/K query heads of a key head are stacked along
     the query axis, so each product is one ``[(H/K)·X, d] × [d, Y]`` per key head without copying the
-    keys to every query head; the products run in the inputs' precision, the softmax in float32.
+    keys to every query head; the products run in the inputs' precision (bf16 under bf16 autocast),
+    the softmax in float32.
 
     Against torch's CPU flash kernel on SmolLM2's packed bf16 learner (9 query heads over 3 key
     heads, segments of 30-300 tokens): a forward + backward of the step's batch 0.15-0.3 s faster
     (2.0-2.3 s against 2.2-2.6 s, alternating), log-probs as near float32 (mean |Δ| 2.71e-2
-    against 2.70e-2: the scores are rounded to bf16 before the softmax, which the q and k they
-    come from already are). It keeps the probabilities for the backward (float32, ~5 MB a layer
-    at that batch)."""
+    against 2.70e-2), the gradient's relative distance to float32 0.044 against 0.037: the scores
+    are rounded to bf16 before the softmax, where the kernel keeps them in float32. It keeps the
+    probabilities for the backward (float32, ~5 MB a layer at that batch)."""
     b, h, x, d = query.shape
     kv, y = key.shape[1], key.shape[2]
     g = h // kv
