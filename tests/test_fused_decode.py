@@ -279,21 +279,6 @@ def test_a_lora_run_samples_with_the_fused_decoder_from_its_current_adapters(tmp
     assert not torch.equal(heads[0], heads[-1])  # layer 0's q/k/v moved with the adapters
 
 
-def _gqa_llama(dtype):
-    """A random Llama with grouped key/value heads (SmolLM2's shape of attention: 2 query heads a
-    key/value head) on reasonrl's attention function, as ``HFPolicy`` sets it up."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from reasonrl.policy.attention import use_sdpa_gqa
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
-    model = LlamaForCausalLM(cfg).to(dtype).eval()
-    use_sdpa_gqa(model)
-    return model
-
-
 def _decode_both(model, ids, mask, steps=8, g=2, compact_at=3):
     """The logits of transformers' forward and of the direct step, step by step over the same
     random tokens, with a compaction; returns how many steps were compared."""
@@ -335,8 +320,8 @@ def test_direct_step_gives_transformers_logits_to_the_bit(dtype, prompts):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_direct_step_with_grouped_heads_gives_transformers_logits_to_the_bit(dtype):
-    model = _gqa_llama(dtype)
-    ids = torch.randint(1, 40, (3, 7), generator=torch.Generator().manual_seed(2))
+    model = gqa_policy().model.to(dtype).eval()  # on reasonrl's attention function, as HFPolicy sets it up
+    ids = torch.randint(1, model.config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[0, :3] = mask[2, :1] = 0
     assert _decode_both(model, ids, mask) == 8

@@ -143,7 +143,8 @@ def packed_attention(query: Tensor, key: Tensor, value: Tensor, layout: PackedLa
                      scaling: float | None = None) -> Tensor:
     """Attention of a packed forward, per segment (see the module docstring): ``query [1, H, L, d]``,
     ``key``/``value`` ``[1, K, L, d]``; returns ``[1, L, H, d]`` (transformers' attention output).
-    Query head ``h`` reads key/value head ``h // (H/K)`` inside torch's kernel (``enable_gqa``)."""
+    Query head ``h`` reads key/value head ``h // (H/K)``: inside torch's kernel (``enable_gqa``), or
+    in :func:`grouped_attention` where :func:`use_grouped_attention` chooses it."""
     gqa = query.shape[1] != key.shape[1]
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [L, heads, d]
 
