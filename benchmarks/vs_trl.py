@@ -1,18 +1,19 @@
-"""GRPO step time and memory: reasonrl against TRL's ``GRPOTrainer``, in one process.
+"""GRPO step time and memory: reasonrl against TRL's ``GRPOTrainer``, in lockstep.
 
 Same model (SmolLM2-135M-Instruct, float32), same threads, same few-shot GSM8K
 prompts in the same order, ``--prompts`` prompts x ``--generations`` completions
 per step, ``--max-new-tokens`` new tokens (no stop strings on either side, so both
 generate the same number of tokens unless EOS), one optimisation pass, no KL, no
-gradient checkpointing. The two alternate step by step: TRL's training loop drives,
-and a callback runs one reasonrl step after each TRL step, so machine noise hits
-both alike.
+gradient checkpointing. Each framework runs in a process of its own (so neither reuses the
+other's freed memory or inherits its allocator settings), and the two alternate step by step in
+lockstep: a coordinator lets TRL's training loop run one step, then reasonrl one, so machine noise
+hits both alike.
 
-Memory: a thread samples this process's resident set every 2 ms; a step's peak is
-its highest RSS above the RSS at the step's start (both models stay resident the
-whole time, so absolute RSS would mostly measure the other framework). Before each
-step glibc's ``malloc_trim`` hands freed heap pages back to the OS; otherwise a step
-would reuse the other framework's freed memory and look free of cost.
+Memory: in each process a thread samples the resident set every 2 ms; a step's peak is its
+highest RSS above the process's RSS after the warm-up step, where glibc's ``malloc_trim`` has
+handed freed heap pages back to the OS (the model and the optimiser's state count
+as base in both). reasonrl keeps the memory its steps free (``train.retain_memory``), so its later
+steps reuse the first measured step's pages; TRL's process runs under glibc's defaults.
 
 After the race, the levers behind reasonrl's speed are measured one at a time on
 the same batch: one prefill per group in sampling, the shared-prompt training pass,
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -68,9 +70,12 @@ class PeakRSS:
             self.peak = max(self.peak, rss_bytes())
             time.sleep(self.interval)
 
-    def start(self) -> None:
-        LIBC.malloc_trim(0)
-        self.base = self.peak = rss_bytes()
+    def start(self, trim: bool) -> None:
+        """From now on; ``trim``: hand freed heap pages back to the OS first and count from there."""
+        if trim:
+            LIBC.malloc_trim(0)
+            self.base = rss_bytes()
+        self.peak = rss_bytes()
 
     def delta(self) -> int:
         return max(self.peak, rss_bytes()) - self.base
@@ -105,7 +110,7 @@ class PhaseTimer:
         return out
 
 
-def build_ours(args, model_path: str, task_params: dict):
+def build_ours(args, model_path: str, task_params: dict, **train):
     from reasonrl.config import recipe_from_dict
     from reasonrl.train.trainer import Trainer
 
@@ -120,7 +125,7 @@ def build_ours(args, model_path: str, task_params: dict):
         "optim": {"lr": 1e-6, "warmup_steps": 0},
         "train": {"steps": args.steps, "prompts_per_step": args.prompts, "micro_batch_size": 64,
                   "seed": 0, "checkpoint_every": 10**9, "precision": args.precision,
-                  "length_buckets": args.length_buckets},
+                  "length_buckets": args.length_buckets, **train},
         "eval": {"size": 0},
         "log": {"plots": False, "progress": False},
     }, "vs_trl")
@@ -227,59 +232,24 @@ def main() -> None:
                     help="our train.length_buckets (default: the recipe default, 4 padded forwards at most); "
                          "0 packs the training forward (reasonrl.policy.packed)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-
-    from transformers import TrainerCallback
-
-    from reasonrl.policy.loading import resolve_model_path
-    from reasonrl.tasks.gsm8k import GSM8KTask
-
-    folder = resolve_model_path(args.model, None, "float32", None)
-    task_params = {"path": str(GSM8K), "few_shot": args.few_shot}
-    task = GSM8KTask(**task_params)
-    # The exact prompts reasonrl will draw, in order, handed to TRL as its dataset.
-    problems = [p for s in range(args.steps) for p in task.train_problems(s, args.prompts, seed=0)]
-    ours = build_ours(args, args.model, task_params)
-    memory = PeakRSS()
-    results = {"trl": [], "reasonrl": []}
-
-    class Alternate(TrainerCallback):
-        def __init__(self) -> None:
-            self.timer = PhaseTimer()
-
-        def on_step_begin(self, *_, **__):
-            self.timer.take()
-            memory.start()
-            self.start = time.perf_counter()
-
-        def on_pre_optimizer_step(self, *_, **__):
-            self.opt_start = time.perf_counter()
-
-        def on_optimizer_step(self, *_, **__):
-            self.timer.seconds["optimizer"] += time.perf_counter() - self.opt_start
-
-        def on_step_end(self, args_, state, *_, **__):
-            seconds = time.perf_counter() - self.start
-            phases = self.timer.take()
-            results["trl"].append({"step_s": seconds, "peak_rss": memory.delta(), **phases})
-            step = len(results["reasonrl"])
-            memory.start()
-            start = time.perf_counter()
-            metrics = ours.train_step(step)
-            results["reasonrl"].append({
-                "step_s": time.perf_counter() - start, "peak_rss": memory.delta(),
-                **{k[5:-2]: v for k, v in metrics.items()
-                   if k.startswith("perf/") and k.endswith("_s") and "per_s" not in k and k != "perf/step_s"},
-            })
-            print(f"step {step}: TRL {seconds:6.2f}s  reasonrl {results['reasonrl'][-1]['step_s']:6.2f}s", flush=True)
-
-    callback = Alternate()
-    trl = build_trl(args, folder, [p.prompt for p in problems], [p.answer for p in problems], callback)
-    callback.timer.wrap(trl, "_generate", "sample")
-    callback.timer.wrap(trl, "_generate_and_score_completions", "generate_and_score")
-    callback.timer.wrap(trl, "_compute_loss", "forward")
-    callback.timer.wrap(trl.accelerator, "backward", "backward")
-    trl.train()
+    # Each framework in a process of its own, started the same way: neither inherits the other's
+    # freed memory, allocator settings or thread pools (reasonrl's trainer keeps freed memory in
+    # its process, train.retain_memory; TRL runs under glibc's defaults, as its users do).
+    ctx = multiprocessing.get_context("spawn")
+    pipes = {}
+    for name, target in (("trl", trl_side), ("reasonrl", ours_side)):
+        here, there = ctx.Pipe()
+        ctx.Process(target=target, args=(args, there), daemon=True).start()
+        pipes[name] = here
+    for conn in pipes.values():
+        assert conn.recv() == "ready"
+    results: dict[str, list[dict]] = {"trl": [], "reasonrl": []}
+    for step in range(args.steps):
+        for name, conn in pipes.items():
+            conn.send(("step", step))
+            results[name].append(conn.recv())
+        print(f"step {step}: TRL {results['trl'][-1]['step_s']:6.2f}s  "
+              f"reasonrl {results['reasonrl'][-1]['step_s']:6.2f}s", flush=True)
 
     def summarise(rows):
         measured = rows[1:]  # the first step warms caches and allocators
@@ -297,9 +267,86 @@ def main() -> None:
             continue
         print(f"{key:<16}{trl_s.get(key, float('nan')):>10.3f}{ours_s.get(key, float('nan')):>10.3f}")
     print(f"{'peak RSS MiB':<16}{trl_s['peak_rss'] / 2**20:>10.1f}{ours_s['peak_rss'] / 2**20:>10.1f}")
-    levers(ours.policy, problems[: args.prompts], args)
+    pipes["trl"].send(("stop",))
+    pipes["reasonrl"].send(("levers",))
+    pipes["reasonrl"].recv()
     print(f"step_time_ratio={ours_s['step_s'] / trl_s['step_s']:.3f} "
           f"peak_rss_ratio={ours_s['peak_rss'] / max(trl_s['peak_rss'], 1):.3f}")
+
+
+def race_problems(args):
+    from reasonrl.tasks.gsm8k import GSM8KTask
+
+    task_params = {"path": str(GSM8K), "few_shot": args.few_shot}
+    task = GSM8KTask(**task_params)
+    # The exact prompts reasonrl will draw, in order, handed to TRL as its dataset.
+    return task_params, [p for s in range(args.steps) for p in task.train_problems(s, args.prompts, seed=0)]
+
+
+def ours_side(args, conn) -> None:
+    """reasonrl's process: one step for each ``step`` command, then the levers."""
+    torch.set_num_threads(args.threads)
+    task_params, problems = race_problems(args)
+    ours = build_ours(args, args.model, task_params)
+    memory = PeakRSS()
+    conn.send("ready")
+    while True:
+        command, *rest = conn.recv()
+        if command == "levers":
+            levers(ours.policy, problems[: args.prompts], args)
+            conn.send("done")
+            return
+        step = rest[0]
+        memory.start(trim=step == 1)
+        start = time.perf_counter()
+        metrics = ours.train_step(step)
+        conn.send({
+            "step_s": time.perf_counter() - start, "peak_rss": memory.delta(),
+            **{k[5:-2]: v for k, v in metrics.items()
+               if k.startswith("perf/") and k.endswith("_s") and "per_s" not in k and k != "perf/step_s"},
+        })
+
+
+def trl_side(args, conn) -> None:
+    """TRL's process: its training loop drives; each step waits for the coordinator's word."""
+    from transformers import TrainerCallback
+
+    from reasonrl.policy.loading import resolve_model_path
+
+    torch.set_num_threads(args.threads)
+    folder = resolve_model_path(args.model, None, "float32", None)
+    _, problems = race_problems(args)
+    memory = PeakRSS()
+
+    class Lockstep(TrainerCallback):
+        def __init__(self) -> None:
+            self.timer = PhaseTimer()
+
+        def on_step_begin(self, args_, state, *_, **__):
+            command, step = conn.recv()
+            self.timer.take()
+            memory.start(trim=step == 1)
+            self.start = time.perf_counter()
+
+        def on_pre_optimizer_step(self, *_, **__):
+            self.opt_start = time.perf_counter()
+
+        def on_optimizer_step(self, *_, **__):
+            self.timer.seconds["optimizer"] += time.perf_counter() - self.opt_start
+
+        def on_step_end(self, *_, **__):
+            seconds = time.perf_counter() - self.start
+            conn.send({"step_s": seconds, "peak_rss": memory.delta(), **self.timer.take()})
+
+    callback = Lockstep()
+    trl = build_trl(args, folder, [p.prompt for p in problems], [p.answer for p in problems], callback)
+    callback.timer.wrap(trl, "_generate", "sample")
+    callback.timer.wrap(trl, "_generate_and_score_completions", "generate_and_score")
+    callback.timer.wrap(trl, "_compute_loss", "forward")
+    callback.timer.wrap(trl.accelerator, "backward", "backward")
+    conn.send("ready")
+    trl.train()
+    conn.recv()  # stop
 
 
 if __name__ == "__main__":

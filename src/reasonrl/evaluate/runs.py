@@ -22,8 +22,10 @@ __all__ = ["BOOTSTRAP_RESAMPLES", "NOT_COMPARED", "ReportError", "Run", "load_ru
 
 
 # Keys that differ between seeds of one experiment, or that change where and how fast it runs but
-# not what it computes (torch threads only change float reduction order): they never split a group.
-NOT_COMPARED = {"train.seed", "run_name", "output_dir", "train.threads", "rollout.sampler_threads"}
+# not what it computes (torch threads only change float reduction order; train.retain_memory only
+# where memory comes from): they never split a group.
+NOT_COMPARED = {"train.seed", "run_name", "output_dir", "train.threads", "rollout.sampler_threads",
+                "train.retain_memory"}
 _SEED_SUFFIX = re.compile(r"([-_.]?(seed|s)\d+)$", re.IGNORECASE)
 _TIME_SUFFIX = re.compile(r"-\d{8}-\d{6}$")  # api.default_run_dir's time.strftime('%Y%m%d-%H%M%S')
 BOOTSTRAP_RESAMPLES = 2000  # the default of ``--bootstrap``

@@ -51,6 +51,7 @@ from reasonrl.policy.hf import HFPolicy
 from reasonrl.policy.lora import base_model
 from reasonrl.hooks import Method
 from reasonrl.registry import OPTIMIZERS, POLICY_LOSSES
+from reasonrl.train.allocator import retain_freed_memory
 from reasonrl.train.objective import policy_loss_fn, takes_group_ids
 from reasonrl.train.optim import SHARDED_DIR, Learner, sharded_state
 
@@ -243,6 +244,8 @@ class ShardedLearner(Learner):
 def follow(recipe, log=None) -> None:
     """A rank other than 0: build the same policy, shard it, and carry out rank 0's commands
     until it says stop."""
+    if recipe.train.retain_memory:
+        retain_freed_memory()
     policy = build_policy(recipe.model, log=log, gradient_checkpointing=recipe.train.gradient_checkpointing,
                           precision=recipe.train.precision)
     learner = ShardedLearner(policy, recipe)

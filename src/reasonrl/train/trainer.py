@@ -51,6 +51,7 @@ from reasonrl.rollout.sources import SourceContext
 from reasonrl.tasks.base import build_task  # noqa: F401  (also part of this module's API)
 from reasonrl.tasks.lengths import fit_prompt_lengths
 from reasonrl.train import checkpoint as ckpt
+from reasonrl.train.allocator import retain_freed_memory
 from reasonrl.metrics_log import MetricsWriter, finite_or_none, read_metrics
 from reasonrl.train.behaviour import prepare_behaviour
 from reasonrl.train.fsdp import ShardedLearner, check_shardable, sharded
@@ -118,6 +119,8 @@ class Trainer:
         r = self.recipe
         if r.train.threads:
             torch.set_num_threads(r.train.threads)
+        if r.train.retain_memory:
+            retain_freed_memory()
         self.generator = seed_everything(r.train.seed)
         self.task = build_task(r)
         self.sampler = build_sampler(r, self.task)
