@@ -12,7 +12,7 @@ hits both alike.
 Memory: in each process a thread samples the resident set every 2 ms; a step's peak is its
 highest RSS above the process's RSS after the warm-up step, where glibc's ``malloc_trim`` has
 handed freed heap pages back to the OS (the model and the optimiser's state count
-as base in both). reasonrl keeps the memory its steps free (``train.retain_memory``), so its later
+as base in both). reasonrl keeps the memory its steps free (``train.retain_memory``, on here), so its later
 steps reuse the first measured step's pages; TRL's process runs under glibc's defaults.
 
 After the race, the levers behind reasonrl's speed are measured one at a time on
@@ -287,7 +287,7 @@ def ours_side(args, conn) -> None:
     """reasonrl's process: one step for each ``step`` command, then the levers."""
     torch.set_num_threads(args.threads)
     task_params, problems = race_problems(args)
-    ours = build_ours(args, args.model, task_params)
+    ours = build_ours(args, args.model, task_params, retain_memory=True)
     memory = PeakRSS()
     conn.send("ready")
     while True:

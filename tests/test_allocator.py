@@ -50,9 +50,11 @@ def test_retained_memory_is_reused_without_page_faults():
 
 @pytest.mark.parametrize("retain", [True, False])
 def test_the_trainer_applies_train_retain_memory(tmp_path, monkeypatch, retain):
-    calls = []
+    calls, logs = [], []
     monkeypatch.setattr(trainer_module, "retain_freed_memory", lambda: calls.append(1) or True)
-    trainer = Trainer(mini_recipe(train={"steps": 1, "retain_memory": retain}, eval={"size": 0}), tmp_path)
+    trainer = Trainer(mini_recipe(train={"steps": 1, "retain_memory": retain}, eval={"size": 0}), tmp_path, log=logs.append)
     trainer.setup()
     trainer.close()
     assert calls == ([1] if retain else [])
+    # The reward workers (memory limit 4096 MiB by default) were forked before; later ones are told of.
+    assert any("retain_memory" in line and "memory limit" in line for line in logs) == retain

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from reasonrl.config import ConfigError, LoraConfig, ModelConfig
-from reasonrl.policy.fused_decode import FusedLlamaDecoder, HFDecoder, direct_step_unsupported, fused_unsupported
+from reasonrl.policy.fused_decode import (FusedLlamaDecoder, HFDecoder, direct_step_unsupported, fused_unsupported,
+                                         int8_weight_levels)
 from reasonrl.policy.sampling import _draw_inverse_cdf, position_ids_from_mask
 
 from helpers import MINI_TINY, gqa_policy, mini_policy
@@ -167,8 +168,10 @@ def test_fused_decoder_refuses_what_it_cannot_merge_and_names_the_fix():
 
 def test_the_int8_step_decodes_over_int8_weights_close_to_the_float_step():
     """``int8=True``: every product runs over prepacked int8 weights; on the trained embedded
-    model the next-token distribution stays within k1 KL 1e-2 of the float step's (measured
-    3.3e-3 at most, 1.1e-3 on average) with the same greedy token, yet is not the same."""
+    model the next-token distribution stays close to the float step's (with AVX512-VNNI's 127
+    weight levels measured 3.3e-3 at most, 1.1e-3 on average; with AVX2's 63 levels 0.072 and
+    2.8e-3, where 127 levels saturated to 0.74 and 0.031) with the same greedy token, yet is not
+    the same."""
     from reasonrl.policy.tiny import load_tiny_policy
 
     pol = load_tiny_policy()
@@ -191,7 +194,7 @@ def test_the_int8_step_decodes_over_int8_weights_close_to_the_float_step():
             differs = max(differs, float((x - y).abs().max()))
             pos = pos + 1
     kls = torch.cat(kls)
-    assert float(kls.max()) < 0.05 and float(kls.mean()) < 5e-3
+    assert float(kls.max()) < (0.05 if int8_weight_levels() == 127 else 0.1) and float(kls.mean()) < 5e-3
     assert differs > 1e-3  # int8 weights, not the float ones
 
 

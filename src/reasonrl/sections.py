@@ -294,12 +294,14 @@ class TrainConfig:
     optimiser state; each is logged as ``train/nonfinite_updates``)."""
     threads: int = 0
     """torch intra-op threads; 0 = leave torch's default."""
-    retain_memory: bool = True
+    retain_memory: bool = False
     """Keep the memory the training process frees for its next step (glibc's allocator: no mmap for
     single blocks, no trimming; ``reasonrl.train.allocator``) instead of handing it back to the OS
     after every large tensor, which a CPU step then pays for again in page faults (SmolLM2 on 2
-    cores: ~1–1.5 s of system time a step). The process's resident memory stays at its high-water
-    mark for the rest of its life. Linux with glibc only; elsewhere nothing changes."""
+    cores: ~1–1.5 s of system time a step, the step 0.82x as long with it). The process's resident
+    memory stays at its high-water mark for the rest of its life, and a reward worker forked from
+    it later (after a timeout) inherits the free memory, which its memory limit cannot see: hence
+    off by default. Linux with glibc only; elsewhere nothing changes."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """The learner's compute precision. ``bf16``: the policy's forward and backward in bfloat16 over
     fp32 master weights that the optimiser updates (FSDP2's ``MixedPrecisionPolicy`` under several

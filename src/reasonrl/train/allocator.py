@@ -11,6 +11,9 @@ system time a step once settled, the step 0.82x as long (``benchmarks/allocator.
 docs/scaling.md). The process's resident memory then stays at its high-water mark, as a GPU
 caching allocator's reserved memory does.
 
+Off by default: a reward worker forked from the process later (after a timeout) inherits the free
+memory, which its relative ``RLIMIT_AS`` cannot see (``reasonrl.isolation.worker_procs``).
+
 glibc only (Linux); elsewhere, or with another allocator preloaded, :func:`retain_freed_memory`
 changes nothing and returns False. The setting holds for the rest of the process (glibc has no scope).
 """

@@ -119,8 +119,6 @@ class Trainer:
         r = self.recipe
         if r.train.threads:
             torch.set_num_threads(r.train.threads)
-        if r.train.retain_memory:
-            retain_freed_memory()
         self.generator = seed_everything(r.train.seed)
         self.task = build_task(r)
         self.sampler = build_sampler(r, self.task)
@@ -130,6 +128,10 @@ class Trainer:
         # Reward workers are forked now, before the model exists, so they share no model pages.
         source = ROLLOUT_SOURCES.get(r.rollout.source)
         self.scorer = build_scorer(r).start() if source.scores_in_learner else None
+        if r.train.retain_memory and retain_freed_memory() and self.scorer is not None and any(self.scorer.memory_mb):
+            # After the fork above, so these workers' memory limits (relative RLIMIT_AS) hold exactly.
+            self.log("warning: train.retain_memory: a reward worker forked again later (after a timeout or a crash) "
+                     "inherits this process's retained free memory, which its memory limit cannot see")
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
         self.token_reward = (TOKEN_REWARDS.get(r.token_reward.name), r.token_reward.params) if r.token_reward else None
         self.policy = build_policy(r.model, log=self.log, decoder=r.rollout.decoder,
