@@ -1,5 +1,6 @@
 """Ray rollout workers (``rollout.engine: ray``): a local Ray cluster per test, shut down after."""
 
+import os
 import subprocess
 
 import pytest
@@ -16,7 +17,11 @@ from helpers import (QUIET, assert_each_step_trained_its_own_prompts, comparable
 
 
 def raylets() -> int:
-    out = subprocess.run(["pgrep", "-c", "raylet"], capture_output=True, text=True)
+    """Raylets of the clusters this process started: a Ray session is named after the pid of the
+    process that started it (``session_<date>_<time>_<us>_<pid>``), so another test's cluster on
+    the other pytest worker (tests/test_vllm_train.py starts one) is not counted."""
+    out = subprocess.run(["pgrep", "-c", "-f", f"raylet.*session_[^/ ]*_{os.getpid()}([/ ]|$)"],
+                         capture_output=True, text=True)
     return int(out.stdout.strip() or 0)
 
 
