@@ -78,7 +78,8 @@ quickstart: $(STAMP)
 # Two pytest workers, each file on one worker (--dist loadfile: a file's tests share its module
 # state and run in order, as alone). Most of the suite waits on subprocesses, sandboxes, Flower,
 # Ray and timeouts, so 2 workers on 2 cores took the suite from 28.5 to 18.6 min (1486 tests).
-# The files that take minutes are handed out first (tests/conftest.py, SLOW_FILES).
+# The files that take minutes are handed out first (tests/conftest.py, SLOW_FILES), and each worker's
+# torch runs cores/workers threads (OMP_NUM_THREADS, tests/conftest.py): 24:28 against 26:04 on an AVX2 VM.
 # TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 # The vLLM engine's tests run against .venv-vllm (made first; ~3 min, once), the verifiers
