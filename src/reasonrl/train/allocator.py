@@ -21,7 +21,6 @@ changes nothing and returns False. The setting holds for the rest of the process
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import platform
 
 # mallopt's parameters (glibc's malloc.h).
@@ -38,8 +37,9 @@ def retain_freed_memory() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # The process's own symbols (as the sandbox and worker processes load prctl): the malloc
+        # that serves this process, whatever libc file name find_library would guess.
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

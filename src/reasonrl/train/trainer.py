@@ -128,8 +128,9 @@ class Trainer:
         # Reward workers are forked now, before the model exists, so they share no model pages.
         source = ROLLOUT_SOURCES.get(r.rollout.source)
         self.scorer = build_scorer(r).start() if source.scores_in_learner else None
-        if r.train.retain_memory and retain_freed_memory() and self.scorer is not None and any(self.scorer.memory_mb):
-            # After the fork above, so these workers' memory limits (relative RLIMIT_AS) hold exactly.
+        # After the fork above, so these workers' memory limits (relative RLIMIT_AS) hold exactly.
+        retained = r.train.retain_memory and retain_freed_memory()
+        if retained and self.scorer is not None and any(self.scorer.memory_mb):
             self.log("warning: train.retain_memory: a reward worker forked again later (after a timeout or a crash) "
                      "inherits this process's retained free memory, which its memory limit cannot see")
         self.selectors = [(SELECTORS.get(s.name), s.params) for s in r.selection]
